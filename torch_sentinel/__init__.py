@@ -1,0 +1,28 @@
+"""torch_sentinel: find training faults early in an existing PyTorch loop, and say where they start.
+
+    sentinel = torch_sentinel.attach(model, optimizer, log_dir="runs/exp")
+
+Evidence is checked along a ladder: data → shapes → forward → loss → gradients → updates → curves.
+"""
+
+from __future__ import annotations
+
+from ._api import Sentinel, attach
+from ._errors import InstrumentationError, NonFiniteError, SentinelError, ShapeContractError
+from ._findings import BOUNDARIES, Finding
+from .diagnosis import Report
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BOUNDARIES",
+    "Finding",
+    "InstrumentationError",
+    "NonFiniteError",
+    "Report",
+    "Sentinel",
+    "SentinelError",
+    "ShapeContractError",
+    "__version__",
+    "attach",
+]

@@ -1,0 +1,8 @@
+"""``python -m torch_sentinel`` is the ``torch-sentinel`` command."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

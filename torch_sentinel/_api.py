@@ -1,0 +1,341 @@
+"""``attach()`` and :class:`Sentinel`: wiring and lifecycle.
+
+The Sentinel owns a :class:`~torch_sentinel._collect.collector.Collector` (device side), the
+detectors (host side), the sinks, and the findings. Records reach it on the training thread,
+at the next hook or step call after their copy to the host has landed.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch import nn
+
+from ._collect.collector import Collector, Fault
+from ._collect.model_map import unwrap_model
+from ._collect.records import StepRecord
+from ._errors import NonFiniteError, SentinelError, format_message
+from ._findings import Finding
+from ._options import Options, resolve_check_mode
+from .detectors import RunContext, default_detectors
+from .detectors.nonfinite import NonFiniteDiagnosis, locate
+from .diagnosis import Report
+from .sinks import SinkContext, build_sinks
+
+__all__ = ["Sentinel", "attach"]
+
+logger = logging.getLogger("torch_sentinel")
+
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, Sentinel] = weakref.WeakKeyDictionary()
+
+OptimizerArg = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None]
+
+
+def _as_optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    if isinstance(optimizer, (list, tuple)) and all(isinstance(o, torch.optim.Optimizer) for o in optimizer):
+        return list(optimizer)
+    got = type(optimizer).__name__
+    if isinstance(optimizer, (list, tuple)):
+        got = "a sequence containing " + ", ".join(sorted({type(o).__name__ for o in optimizer}))
+    raise TypeError(
+        format_message(
+            "attach() expected a torch.optim.Optimizer, a list of them, or None as optimizer",
+            arrived=got,
+            next_check="pass the optimizer object itself (not its class, a scheduler, or its state_dict)",
+        )
+    )
+
+
+class Sentinel:
+    """The handle returned by :func:`attach`. Use it as a context manager, or call
+    :meth:`detach` when done; either way, everything it installed is removed exactly."""
+
+    def __init__(self, model: nn.Module, optimizers: list[torch.optim.Optimizer], options: Options) -> None:
+        self.options = options
+        self.model = model
+        self.optimizers = optimizers
+        self._root = unwrap_model(model)
+        self._detached = False
+        self._findings: list[Finding] = []
+        self._finding_keys: set[tuple[str, Optional[str], str]] = set()
+        self._window: list[StepRecord] = []
+        self._recent: collections.deque[StepRecord] = collections.deque(maxlen=64)
+        self._nonfinite_reported = False
+        self._notes: list[dict[str, Any]] = []
+        #: Called with (error, sentinel) before a NonFiniteError is raised or recorded.
+        self.on_nonfinite_callbacks: list[Callable[[NonFiniteError, Sentinel], None]] = []
+        self.rank = _rank()
+
+        collector = Collector(model, optimizers, immediate=False, update_every=0, on_record=self._on_record)
+        self.check_mode = resolve_check_mode(options.check, collector.device.type)
+        collector.immediate = self.check_mode == "immediate"
+        if options.update_every is not None:
+            collector.update_every = options.update_every
+        elif collector.update_copy_bytes <= options.update_copy_limit_bytes:
+            collector.update_every = 10
+        self._collector = collector
+        self._collector.on_fault = self._on_immediate_fault
+        c = self._collector
+        self.context = RunContext(
+            module_names=c.module_names,
+            module_types={n: type(m).__name__ for n, m in c.map.modules},
+            param_names=[n for n, _ in c.params],
+            param_owner={n: c.map.param_owner.get(n, n.rpartition(".")[0]) for n, _ in c.params},
+            optimizer_params={
+                n for n, p in c.params if any(p is q for o in optimizers for g in o.param_groups for q in g["params"])
+            },
+            forward_order=c.forward_order,
+            thresholds=dict(options.thresholds),
+            rank=self.rank,
+        )
+        self._core_width = c.ledger.width
+        self._nonfinite = NonFiniteDiagnosis(self.context)
+        self._detectors = default_detectors(self.context, options.disable)
+        for d in self._detectors:
+            install = getattr(d, "install", None)
+            if install is not None:
+                install(c)
+        self.manifest: dict[str, Any] = {}
+        self._sinks = build_sinks(
+            SinkContext(
+                log_dir=options.log_dir,
+                log_every=options.log_every,
+                rank=self.rank,
+                is_writer=self.rank in (None, 0) or options.per_rank_logs,
+                manifest=self.manifest,
+                module_names=c.module_names,
+                param_owner=self.context.param_owner,
+            )
+        )
+        try:
+            c.install()
+        except BaseException:
+            c.close()
+            raise
+        for d in self._detectors:
+            at_attach = getattr(d, "at_attach", None)
+            if at_attach is not None:
+                self._add_findings(at_attach())
+
+    # ------------------------------------------------------------------ public
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed so far (the 0-based index of the step in progress)."""
+        return self._collector.step
+
+    @property
+    def findings(self) -> list[Finding]:
+        return list(self._findings)
+
+    @property
+    def attached(self) -> bool:
+        return not self._detached
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        """Record this step's training loss explicitly; it wins over the captured one."""
+        if not isinstance(loss, torch.Tensor):
+            loss = torch.tensor(float(loss))
+        self._collector.observe_loss(loss)
+
+    def observe_validation(self, loss: Union[torch.Tensor, float]) -> None:
+        """Record a validation loss at the current step (for the curve detectors)."""
+        self._collector.observe_validation(loss)
+
+    def note(self, symptom: str = "", hypothesis: str = "", change: str = "", **fields: Any) -> None:
+        """Add an entry to the experiment log (symptom, hypothesis, one change)."""
+        entry = {"kind": "note", "step": self.step, "symptom": symptom, "hypothesis": hypothesis,
+                 "change": change, **fields}
+        self._notes.append(entry)
+        for sink in self._sinks:
+            write_note = getattr(sink, "write_note", None)
+            if write_note is not None:
+                self._safe(write_note, entry)
+
+    def flush(self) -> None:
+        """Bring every pending row to the host and run the detectors (cold path: may sync)."""
+        if not self._detached:
+            self._collector.drain(block=True)
+        self._flush_window()
+
+    def report(self) -> Report:
+        """Flush pending evidence and return the diagnosis."""
+        self.flush()
+        for d in self._detectors:
+            self._add_findings(d.finish())
+        return Report(findings=list(self._findings), steps=self.step, notes=list(self._notes))
+
+    def detach(self) -> None:
+        """Remove every hook and patch; idempotent. Pending evidence is flushed first."""
+        self._detach(quiet=False)
+
+    def _detach(self, quiet: bool) -> None:
+        if self._detached:
+            return
+        try:
+            if quiet:
+                try:
+                    self.flush()
+                except Exception as exc:  # the user's own exception is already propagating
+                    logger.debug("flush at detach failed: %s", exc)
+            else:
+                self.flush()
+        finally:
+            self._detached = True
+            self._collector.close()
+            for sink in self._sinks:
+                self._safe(sink.close)
+            if _ATTACHED.get(self._root) is self:
+                del _ATTACHED[self._root]
+
+    def __enter__(self) -> Sentinel:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._detach(quiet=exc_type is not None)
+
+    def __repr__(self) -> str:
+        state = "detached" if self._detached else f"step {self.step}"
+        return f"<Sentinel {type(self._root).__name__} check={self.check_mode!r} {state}>"
+
+    # ------------------------------------------------------------------ internals
+    def _on_record(self, record: StepRecord) -> None:
+        self._window.append(record)
+        self._recent.append(record)
+        fault = None if self._nonfinite_reported else locate(record, self.context, self._core_width)
+        if fault is not None:
+            self._flush_window()
+            self._handle_fault(fault)
+        elif len(self._window) >= self.options.flush_every:
+            self._flush_window()
+
+    def _on_immediate_fault(self, fault: Fault) -> None:
+        if self._nonfinite_reported:
+            return
+        self._handle_fault(fault)
+
+    def _handle_fault(self, fault: Fault) -> None:
+        self._nonfinite_reported = True
+        self._collector.immediate = False  # one report per run; later steps are consequences
+        err = self._nonfinite.error(fault, list(self._recent), rank=self.rank)
+        self._add_findings([self._nonfinite.finding(err)], write=True)
+        for callback in self.on_nonfinite_callbacks:
+            self._safe(callback, err, self)
+        policy = self.options.on_nonfinite
+        if policy == "raise":
+            raise err
+        if policy == "warn":
+            warnings.warn(str(err), RuntimeWarning, stacklevel=3)
+
+    def _flush_window(self) -> None:
+        records, self._window = self._window, []
+        new: list[Finding] = []
+        for d in self._detectors:
+            try:
+                new.extend(d.observe(records))
+            except SentinelError:
+                raise
+            except Exception as exc:  # a detector bug must never stop training
+                logger.warning("torch_sentinel: detector %s failed: %s", type(d).__name__, exc)
+        added = self._add_findings(new)
+        for sink in self._sinks:
+            self._safe(sink.write, records, added)
+
+    def _add_findings(self, findings: Any, write: bool = False) -> list[Finding]:
+        added = []
+        for f in findings:
+            key = (f.kind, f.module, f.boundary)
+            if key in self._finding_keys:
+                continue
+            self._finding_keys.add(key)
+            self._findings.append(f)
+            added.append(f)
+        if write and added:
+            for sink in self._sinks:
+                self._safe(sink.write, [], added)
+        return added
+
+    def _safe(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:  # logging must never stop training
+            logger.warning("torch_sentinel: %s failed: %s", getattr(fn, "__qualname__", fn), exc)
+
+
+def _rank() -> Optional[int]:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return None
+
+
+def attach(
+    model: nn.Module,
+    optimizer: OptimizerArg = None,
+    *,
+    log_dir: Optional[str] = None,
+    check: str = "auto",
+    flush_every: int = 50,
+    on_nonfinite: str = "raise",
+    **options: Any,
+) -> Sentinel:
+    """Instrument ``model`` (and ``optimizer``) in one line; the training loop stays as it is.
+
+    Args:
+        model: any ``nn.Module``, also wrapped in DDP or ``torch.compile``.
+        optimizer: a ``torch.optim.Optimizer``, a list of them, or None (forward-only checks).
+        log_dir: where TensorBoard event files, ``findings.jsonl`` and ``manifest.json`` go.
+        check: ``"immediate"`` checks inside each hook and raises there; ``"deferred"`` moves
+            flags to the host asynchronously and raises at the next hook or step call, naming
+            the exact step; ``"auto"`` is immediate on CPU and deferred on accelerators.
+        flush_every: steps between detector runs and log writes.
+        on_nonfinite: ``"raise"``, ``"warn"`` or ``"record"``; ``$TORCH_SENTINEL_ON_NONFINITE``
+            overrides it.
+        **options: see :class:`torch_sentinel._options.Options` (``seed``, ``log_every``,
+            ``disable``, ``thresholds``, ``update_every``, ...).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            format_message(
+                "attach() expected an nn.Module as model",
+                arrived=f"{type(model).__module__}.{type(model).__qualname__}",
+                next_check="pass the model instance, e.g. attach(model, optimizer)",
+            )
+        )
+    optimizers = _as_optimizers(optimizer)
+    opts = Options.build(
+        log_dir=log_dir, check=check, flush_every=flush_every, on_nonfinite=on_nonfinite, **options
+    )
+    root = unwrap_model(model)
+    existing = _ATTACHED.get(root)
+    if existing is not None and existing.attached:
+        raise SentinelError(
+            format_message(
+                f"a sentinel is already attached to this {type(root).__name__}",
+                expected="one sentinel per model",
+                arrived=f"a second attach() while {existing!r} is still attached",
+                next_check="call sentinel.detach() (or leave its `with` block) before attaching again",
+            )
+        )
+    model_params = {id(p) for p in root.parameters()}
+    for i, opt in enumerate(optimizers):
+        held = [p for g in opt.param_groups for p in g["params"]]
+        if held and not any(id(p) in model_params for p in held):
+            warnings.warn(
+                f"optimizer {i} ({type(opt).__name__}) holds none of the model's parameters: "
+                "was it built for another model, or before the model was replaced?",
+                UserWarning,
+                stacklevel=2,
+            )
+    sentinel = Sentinel(model, optimizers, opts)
+    _ATTACHED[root] = sentinel
+    return sentinel

@@ -1,0 +1,555 @@
+"""The hooks: every place the sentinel looks, reduced into ledger slots on the device.
+
+Hot-path rules, enforced by the sync-audit tests:
+- a hook only launches tensor ops whose results stay on the device (``aminmax`` into slots,
+  ``_foreach_norm`` over all parameters at once);
+- a hook never reads a device value, except in immediate mode, where on CPU the read is a numpy
+  view of the row (a memory load, no torch op) and on accelerators goes through ``read_now``;
+- host facts (step counts, shapes, backward order) are plain Python bookkeeping.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .hookset import HookSet
+from .ledger import Ledger
+from .model_map import ModelMap
+from .patches import patch_for
+from .records import StepMeta, StepRecord, TensorEvidence
+from .transfer import HostRing, read_now
+
+__all__ = ["Collector", "Fault", "iter_tensors", "tensor_evidence"]
+
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", lambda: False
+)
+
+
+def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    """Tensors inside a module's output: tensors, tuples, lists, dicts and ``ModelOutput``s."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 4:
+        if isinstance(obj, (list, tuple)):
+            for item in obj:
+                yield from iter_tensors(item, depth + 1)
+        elif isinstance(obj, Mapping):
+            for item in obj.values():
+                yield from iter_tensors(item, depth + 1)
+
+
+def _reducible(t: torch.Tensor) -> bool:
+    return t.is_floating_point() and t.numel() > 0 and t.device.type != "meta" and not t.is_sparse
+
+
+def tensor_evidence(t: torch.Tensor) -> TensorEvidence:
+    """Exact counts for an offending tensor. Cold path: reads the device."""
+    d = t.detach()
+    finite = torch.isfinite(d)
+    ev = TensorEvidence(shape=tuple(d.shape), dtype=str(d.dtype).replace("torch.", ""))
+    ev.nan = int(read_now(torch.isnan(d).sum()))
+    ev.posinf = int(read_now((d == math.inf).sum()))
+    ev.neginf = int(read_now((d == -math.inf).sum()))
+    if bool(read_now(finite.any())):
+        vals = d[finite]
+        ev.min = read_now(vals.min())
+        ev.max = read_now(vals.max())
+    return ev
+
+
+class Fault:
+    """A hook found a non-finite value in immediate mode; the Sentinel applies the policy."""
+
+    __slots__ = ("boundary", "detail", "evidence", "module", "step")
+
+    def __init__(
+        self,
+        step: int,
+        boundary: str,
+        module: Optional[str],
+        evidence: TensorEvidence,
+        detail: dict[str, Any],
+    ) -> None:
+        self.step = step
+        self.boundary = boundary
+        self.module = module
+        self.evidence = evidence
+        self.detail = detail
+
+
+class _LossListener:
+    """Sees ``torch.autograd.backward`` (hence ``loss.backward()``) while attached."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = weakref.ref(collector)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._collector()
+        if c is not None:
+            tensors = args[0] if args else kwargs.get("tensors")
+            c.before_backward(tensors)
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        return None
+
+
+class _ScaleListener:
+    """Sees ``GradScaler.scale(loss)`` so the recorded loss is the unscaled one."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = weakref.ref(collector)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        return None
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        c = self._collector()
+        if c is not None and len(args) >= 2:
+            c.on_scale(args[0], args[1], result)
+
+
+class _ScalerStepListener:
+    """Sees ``GradScaler.step(optimizer)``: a step the scaler skips never reaches the optimizer."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = weakref.ref(collector)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._collector()
+        if c is not None and len(args) >= 2:
+            c.before_scaler_step(args[0], args[1])
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        c = self._collector()
+        if c is not None and len(args) >= 2:
+            c.after_scaler_step(args[0], args[1])
+
+
+class Collector:
+    """Installs every hook and owns the ledger and the host ring.
+
+    ``on_record(record)`` is called on the training thread for each step whose row reached the
+    host; ``immediate`` selects whether hooks check their own slot on the spot.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        *,
+        immediate: bool,
+        update_every: int,
+        on_record: Callable[[StepRecord], None],
+        ring_rows: int = 128,
+    ) -> None:
+        self.model = model
+        self.map = ModelMap(model)
+        self.optimizers = optimizers
+        self.immediate = immediate
+        self.update_every = update_every
+        self.on_record = on_record
+        self.hooks = HookSet()
+        self.step = 0
+        self.device = self._pick_device()
+        self.ledger = Ledger(self.device)
+        self._install_layout()
+        self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows)
+        self.meta = StepMeta(step=0)
+        self._hooked_outputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._forward_seq: dict[int, int] = {}
+        self._pending_scaled: Optional[tuple[weakref.ref[torch.Tensor], torch.Tensor, Any]] = None
+        self._forward_since_backward = False
+        self._scaler_depth = 0
+        self._stepped_in_scaler = False
+        self._optimizers_stepped: set[int] = set()
+        self._shadow: Optional[list[torch.Tensor]] = None
+        self._missing_index_cache: dict[tuple[int, ...], torch.Tensor] = {}
+        #: Extension points for detectors' device-side statistics (all called in existing hooks).
+        self.input_taps: list[Callable[[torch.Tensor], None]] = []
+        #: Called with the root module's (args, kwargs) at each training forward (host refs only).
+        self.root_input_taps: list[Callable[[tuple[Any, ...], dict[str, Any]], None]] = []
+        self.output_taps: dict[int, list[Callable[[nn.Module, torch.Tensor], None]]] = {}
+        self.step_taps: list[Callable[[Collector], None]] = []
+        self.backward_taps: list[Callable[[Collector, torch.Tensor], None]] = []
+        self.row_taps: list[Callable[[StepMeta], None]] = []
+        self.disabled = False
+        self.on_fault: Callable[[Fault], None] = _unhandled
+
+    # ------------------------------------------------------------------ set-up
+    def _pick_device(self) -> torch.device:
+        for _, p in self.map.params:
+            if p.device.type != "meta":
+                return p.device
+        for _, b in self.map.root.named_buffers():
+            return b.device
+        return torch.device("cpu")
+
+    def _trainable_params(self) -> list[tuple[str, torch.Tensor]]:
+        """Model parameters plus any optimizer parameter that is not in the model."""
+        params = list(self.map.params)
+        seen = {id(p) for _, p in params}
+        for oi, opt in enumerate(self.optimizers):
+            for gi, group in enumerate(opt.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        params.append((f"<optimizer{oi}>.param_groups[{gi}][{pi}]", p))
+        return params
+
+    def _install_layout(self) -> None:
+        L = self.ledger
+        names = [n for n, _ in self.map.modules]
+        self.params = self._trainable_params()
+        self.param_tensors = [p for _, p in self.params]
+        pnames = [n for n, _ in self.params]
+        self.data_lo, self.data_hi = L.add_minmax_block("data", ["inputs", "aux"])
+        self.act_lo, self.act_hi = L.add_minmax_block("act", names)
+        self.loss_block = L.add_block("loss", ["auto", "explicit", "validation"])
+        self.og_lo, self.og_hi = L.add_minmax_block("outgrad", names)
+        self.grad_block = L.add_block("grad_norm", pnames)
+        self.param_block = L.add_block("param_norm", pnames)
+        self.update_block = L.add_block("update_norm", pnames)
+        self.misc_block = L.add_block("misc", ["stale_grad_norm", "amp_scale"])
+        self._module_slot = {id(m): i for i, (_, m) in enumerate(self.map.modules)}
+        self.module_names = names
+        self._same_device = all(p.device == self.device for p in self.param_tensors)
+        total_bytes = sum(p.numel() * p.element_size() for p in self.param_tensors)
+        self.update_copy_bytes = total_bytes
+
+    def install(self) -> None:
+        root = self.map.root
+        self.hooks.add(root.register_forward_pre_hook(self._on_root_inputs, with_kwargs=True))
+        for i, (_, module) in enumerate(self.map.modules):
+            self.hooks.add(module.register_forward_hook(functools.partial(self._on_output, i)))
+        for opt in self.optimizers:
+            self.hooks.add(opt.register_step_pre_hook(self._on_pre_step))
+            self.hooks.add(opt.register_step_post_hook(self._on_post_step))
+        self.hooks.subscribe(patch_for(torch.autograd, "backward"), _LossListener(self))
+        scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        if scaler_cls is not None:
+            self.hooks.subscribe(patch_for(scaler_cls, "scale"), _ScaleListener(self))
+            self.hooks.subscribe(patch_for(scaler_cls, "step"), _ScalerStepListener(self))
+
+    def close(self) -> None:
+        self.disabled = True
+        self._pending_scaled = None
+        self._shadow = None
+        self.hooks.close()
+
+    # ------------------------------------------------------------------ checks
+    def _host_value(self, i: int) -> float:
+        hv = self.ledger.host_view
+        return float(hv[i]) if hv is not None else read_now(self.ledger.views[i])
+
+    def _finite(self, i: int) -> bool:
+        return math.isfinite(self._host_value(i))
+
+    def _reduce_into(self, t: torch.Tensor, lo: int, hi: int) -> None:
+        views = self.ledger.views
+        mn, mx = torch.aminmax(t.detach())
+        torch.minimum(views[lo], mn, out=views[lo])
+        torch.maximum(views[hi], mx, out=views[hi])
+
+    # ------------------------------------------------------------------ data
+    def _on_root_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if self.disabled or not torch.is_grad_enabled():
+            return None
+        compiling = _is_compiling()
+        if not compiling and self.ring.head > self.ring.tail:
+            self.drain()
+        self.meta.forward_calls += 1
+        for root_tap in self.root_input_taps:
+            root_tap(args, kwargs)
+        first = True
+        for t in iter_tensors(args):
+            if not _reducible(t):
+                continue
+            self._reduce_data(t, main=first, compiling=compiling, name=None)
+            first = False
+        for key, value in kwargs.items():
+            for t in iter_tensors(value):
+                if not _reducible(t):
+                    continue
+                main = first and "mask" not in key
+                self._reduce_data(t, main=main, compiling=compiling, name=key)
+                first = first and not main
+        return None
+
+    def _reduce_data(self, t: torch.Tensor, *, main: bool, compiling: bool, name: Optional[str]) -> None:
+        k = 0 if main else 1
+        lo, hi = self.data_lo.start + k, self.data_hi.start + k
+        self._reduce_into(t, lo, hi)
+        if main:
+            for tap in self.input_taps:
+                tap(t.detach())
+        if self.immediate and not compiling:
+            # Additive masks legitimately hold -inf, so only the main input must be free of it.
+            low = self._host_value(lo)
+            bad = not self._finite(hi) or math.isnan(low) or (main and math.isinf(low))
+            if bad:
+                self.on_fault(
+                    Fault(
+                        self.step,
+                        "data",
+                        None,
+                        tensor_evidence(t),
+                        {"input": name or ("args[0]" if main else "extra input")},
+                    )
+                )
+
+    # ------------------------------------------------------------------ forward
+    def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
+        if self.disabled or not torch.is_grad_enabled():
+            return None
+        compiling = _is_compiling()
+        lo = self.act_lo.start + slot
+        hi = self.act_hi.start + slot
+        self._forward_since_backward = True
+        taps = self.output_taps.get(id(module))
+        for t in iter_tensors(output):
+            if not _reducible(t):
+                continue
+            self._reduce_into(t, lo, hi)
+            if taps:
+                for tap in taps:
+                    tap(module, t)
+            if compiling:
+                continue
+            self.meta.shapes[slot] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
+            if t.requires_grad and t not in self._hooked_outputs:
+                self._hooked_outputs[t] = slot
+                t.register_hook(functools.partial(self._on_output_grad, slot))
+            if self.immediate and not (self._finite(lo) and self._finite(hi)):
+                self._forward_fault(slot, module, args, t)
+        if not compiling and slot not in self._forward_seq:
+            self._forward_seq[slot] = len(self._forward_seq)
+        return None
+
+    def forward_order(self) -> list[int]:
+        """Module slots in the order they first completed a forward pass."""
+        seen = sorted(self._forward_seq, key=self._forward_seq.__getitem__)
+        rest = [i for i in range(len(self.module_names)) if i not in self._forward_seq]
+        return seen + rest
+
+    def _forward_fault(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor) -> None:
+        name = self.module_names[slot]
+        inputs_finite = True
+        for a in iter_tensors(args):
+            if _reducible(a) and not bool(read_now(torch.isfinite(a.detach()).all())):
+                inputs_finite = False
+                break
+        detail: dict[str, Any] = {"module_type": type(module).__name__, "inputs_finite": inputs_finite}
+        if not inputs_finite:
+            # The input went bad in functional code between submodules: blame the caller.
+            detail["first_nonfinite_output_of"] = name
+            name = name.rpartition(".")[0] if name else name
+        self.on_fault(Fault(self.step, "forward", name, tensor_evidence(t), detail))
+
+    # ------------------------------------------------------------------ loss
+    def on_scale(self, scaler: Any, outputs: Any, result: Any) -> None:
+        if self.disabled or not isinstance(outputs, torch.Tensor) or not isinstance(result, torch.Tensor):
+            return
+        enabled = getattr(scaler, "is_enabled", lambda: True)()
+        if enabled:
+            self._pending_scaled = (weakref.ref(result), outputs, scaler)
+
+    def before_backward(self, tensors: Any) -> None:
+        if self.disabled:
+            return
+        if isinstance(tensors, (list, tuple)):
+            if len(tensors) != 1:
+                return
+            tensors = tensors[0]
+        if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1 or not tensors.requires_grad:
+            return
+        if not self._forward_since_backward:
+            return  # a backward that did not go through the attached model
+        self._forward_since_backward = False
+        loss = tensors
+        pending = self._pending_scaled
+        if pending is not None and pending[0]() is tensors:
+            loss = pending[1]
+            self.meta.amp = True
+            scale = getattr(pending[2], "_scale", None)
+            if isinstance(scale, torch.Tensor):
+                self.ledger.views[self.misc_block.start + 1].copy_(scale.detach().reshape(()))
+            self._pending_scaled = None
+        if self.meta.backward_calls == 0:
+            self._check_stale_grads()
+        self.meta.backward_calls += 1
+        i = self.loss_block.start
+        self.ledger.views[i].add_(loss.detach().reshape(()).float())
+        for tap in self.backward_taps:
+            tap(self, loss)
+        if self.immediate and not self.meta.loss_explicit and not self._finite(i):
+            self.on_fault(Fault(self.step, "loss", None, tensor_evidence(loss), {}))
+
+    def observe_loss(self, loss: torch.Tensor) -> None:
+        i = self.loss_block.start + 1
+        self.ledger.views[i].add_(loss.detach().reshape(()).float())
+        self.meta.loss_explicit = True
+        if self.immediate and not self._finite(i):
+            self.on_fault(Fault(self.step, "loss", None, tensor_evidence(loss), {"explicit": True}))
+
+    def observe_validation(self, loss: Any) -> None:
+        if isinstance(loss, torch.Tensor):
+            self.ledger.views[self.loss_block.start + 2].copy_(loss.detach().reshape(()).float())
+            self.meta.validation_on_device = True
+        else:
+            self.meta.validation = float(loss)
+            self.meta.validation_on_device = False
+
+    def _check_stale_grads(self) -> None:
+        """Gradients already present before a step's first backward were not cleared."""
+        stale = [p.grad for p in self.param_tensors if p.grad is not None]
+        self.meta.stale_grads = len(stale)
+        if stale and self.step > 0:
+            with torch.no_grad():
+                norms = torch._foreach_norm(stale)
+                total = torch.linalg.vector_norm(torch.stack([n.to(self.device) for n in norms]))
+                self.ledger.views[self.misc_block.start].copy_(total)
+
+    # ------------------------------------------------------------------ backward
+    def _on_output_grad(self, slot: int, grad: Optional[torch.Tensor]) -> None:
+        if self.disabled or grad is None or not _reducible(grad):
+            return None
+        lo = self.og_lo.start + slot
+        hi = self.og_hi.start + slot
+        self._reduce_into(grad, lo, hi)
+        order = self.meta.bwd_order
+        previous = order[-1] if order else None
+        order.append(slot)
+        if self.immediate and not self.meta.amp and not (self._finite(lo) and self._finite(hi)):
+            if previous is None:
+                culprit: Optional[str] = None
+                detail = {"incoming_to": self.module_names[slot], "source": "loss backward"}
+            else:
+                culprit = self.module_names[previous]
+                detail = {"incoming_to": self.module_names[slot], "source": "module backward"}
+            self.on_fault(Fault(self.step, "gradients", culprit, tensor_evidence(grad), detail))
+        return None
+
+    # ------------------------------------------------------------------ optimizer
+    def before_scaler_step(self, scaler: Any, optimizer: Any) -> None:
+        if optimizer in self.optimizers:
+            self._scaler_depth += 1
+            self._stepped_in_scaler = False
+
+    def after_scaler_step(self, scaler: Any, optimizer: Any) -> None:
+        if optimizer not in self.optimizers:
+            return
+        self._scaler_depth -= 1
+        enabled = getattr(scaler, "is_enabled", lambda: True)()
+        if enabled and not self._stepped_in_scaler:
+            # The scaler found inf/NaN in the scaled gradients and skipped optimizer.step().
+            self.meta.amp = True
+            self.meta.amp_skipped = True
+            self.close_row()
+
+    def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.disabled:
+            return
+        if self.ring.head > self.ring.tail:
+            self.drain()
+        with torch.no_grad():
+            self._record_grad_norms()
+            for tap in self.step_taps:
+                tap(self)
+            if self.update_every and self.step % self.update_every == 0 and id(optimizer) not in self._optimizers_stepped:
+                tensors = [p.detach() for p in self.param_tensors]
+                self._shadow = torch._foreach_mul(tensors, 1.0) if tensors else None
+
+    def _copy_norms(self, block_start: int, n: int, tensors: list[Optional[torch.Tensor]]) -> tuple[str, ...]:
+        present = [i for i, t in enumerate(tensors) if t is not None]
+        missing: tuple[str, ...] = ()
+        if not present:
+            return tuple(self.params[i][0] for i in range(n))
+        norms = torch._foreach_norm([tensors[i] for i in present])  # type: ignore[misc]
+        if not self._same_device:
+            norms = [t.to(self.device) for t in norms]
+        stacked = torch.stack(norms).float()
+        dest = self.ledger.current[block_start : block_start + n]
+        if len(present) == n:
+            dest.copy_(stacked)
+        else:
+            key = tuple(present)
+            index = self._missing_index_cache.get(key)
+            if index is None:
+                index = torch.tensor(present, device=self.device)
+                self._missing_index_cache = {key: index}
+            dest.index_copy_(0, index, stacked)
+            missing = tuple(self.params[i][0] for i in range(n) if tensors[i] is None)
+        return missing
+
+    def _record_grad_norms(self) -> None:
+        grads = [p.grad for p in self.param_tensors]
+        self.meta.grad_missing = self._copy_norms(self.grad_block.start, len(grads), grads)
+        self.meta.frozen = tuple(n for n, p in self.params if not p.requires_grad)
+
+    def _on_post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.disabled:
+            return
+        if self._scaler_depth:
+            self._stepped_in_scaler = True
+        with torch.no_grad():
+            tensors: list[Optional[torch.Tensor]] = [p.detach() for p in self.param_tensors]
+            self._copy_norms(self.param_block.start, len(tensors), tensors)
+            if self._shadow is not None:
+                torch._foreach_sub_(self._shadow, [p.detach() for p in self.param_tensors])
+                self._copy_norms(self.update_block.start, len(self._shadow), list(self._shadow))
+                self._shadow = None
+                self.meta.updates_sampled = True
+        self.meta.lrs.extend(_lr(g) for g in optimizer.param_groups)
+        self.meta.lr_names.extend(
+            str(g.get("name", f"group{i}")) if len(self.optimizers) == 1 else f"opt{self.optimizers.index(optimizer)}.{g.get('name', f'group{i}')}"
+            for i, g in enumerate(optimizer.param_groups)
+        )
+        if id(optimizer) in self._optimizers_stepped:
+            # This optimizer stepped twice in one row (e.g. several critic steps per generator
+            # step): the previous row is complete.
+            self.close_row()
+        self._optimizers_stepped.add(id(optimizer))
+        if len(self._optimizers_stepped) >= len(self.optimizers):
+            self.close_row()
+
+    # ------------------------------------------------------------------ rows
+    def close_row(self) -> None:
+        meta = self.meta
+        for tap in self.row_taps:
+            tap(meta)
+        self.ring.push(self.ledger.current, meta)
+        self.ledger.reset()
+        self.step += 1
+        self.meta = StepMeta(step=self.step)
+        self._hooked_outputs = WeakIdKeyDictionary()
+        self._optimizers_stepped = set()
+        self._pending_scaled = None
+        self.drain()
+
+    def drain(self, block: bool = False) -> None:
+        if self.ledger.current.numel() > self.ring.width:
+            block = True  # the row grew; older rows are narrower but still valid
+        for meta, values in self.ring.drain(block=block):
+            self.on_record(StepRecord(meta, values, self.ledger.blocks))
+        if self.ledger.current.numel() > self.ring.width and self.ring.pending() == 0:
+            self.ring = HostRing(self.device, self.ledger.current.numel(), rows=self.ring.rows)
+
+
+def _lr(group: Mapping[str, Any]) -> Optional[float]:
+    lr = group.get("lr")
+    if isinstance(lr, torch.Tensor):
+        return None  # a tensor lr would need a device read; it is not logged
+    return float(lr) if lr is not None else None
+
+
+def _unhandled(fault: Fault) -> None:
+    raise RuntimeError(f"non-finite value at step {fault.step} ({fault.boundary}, {fault.module})")

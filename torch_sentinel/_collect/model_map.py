@@ -1,0 +1,72 @@
+"""Names for what the user owns: modules and parameters, relative to the attached model."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+__all__ = ["ModelMap", "unwrap_model"]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The module whose names users know: without DDP's ``module.`` or compile's ``_orig_mod.``."""
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if isinstance(inner, nn.Module):
+            model = inner
+            continue
+        if isinstance(model, nn.parallel.DistributedDataParallel) or type(model).__name__ in (
+            "DataParallel",
+            "DistributedDataParallel",
+        ):
+            model = model.module
+            continue
+        break
+    return model
+
+
+class ModelMap:
+    """Qualified names of modules and parameters, and which module owns each parameter."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.root = unwrap_model(model)
+        self.module_names: dict[int, str] = {}
+        self.modules: list[tuple[str, nn.Module]] = []
+        for name, module in self.root.named_modules(remove_duplicate=True):
+            self.module_names[id(module)] = name
+            self.modules.append((name, module))
+        self.params: list[tuple[str, nn.Parameter]] = []
+        self.param_owner: dict[str, str] = {}
+        self.param_names: dict[int, str] = {}
+        for mname, module in self.modules:
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in self.param_names:
+                    continue  # tied weights: first owner wins
+                qual = f"{mname}.{pname}" if mname else pname
+                self.params.append((qual, p))
+                self.param_names[id(p)] = qual
+                self.param_owner[qual] = mname
+
+    def name_of(self, module: nn.Module) -> Optional[str]:
+        return self.module_names.get(id(module))
+
+    def param_name(self, p: torch.Tensor) -> Optional[str]:
+        return self.param_names.get(id(p))
+
+    def type_of(self, module_name: Optional[str]) -> str:
+        if module_name is None:
+            return ""
+        for name, module in self.modules:
+            if name == module_name:
+                return type(module).__name__
+        return ""
+
+    def display(self, module_name: Optional[str]) -> str:
+        """A module name as shown to users: the root is ``<model>``."""
+        if module_name is None:
+            return "<none>"
+        return module_name or "<model>"

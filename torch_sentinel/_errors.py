@@ -1,0 +1,96 @@
+"""The one exception hierarchy: everything the sentinel raises derives from SentinelError.
+
+Messages follow one layout so that a user can read them top to bottom:
+what was expected, what arrived, where (module, step, shape), and what to check next.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+__all__ = [
+    "InstrumentationError",
+    "NonFiniteError",
+    "SentinelError",
+    "ShapeContractError",
+    "format_message",
+]
+
+
+def format_message(
+    headline: str,
+    *,
+    expected: Optional[str] = None,
+    arrived: Optional[str] = None,
+    where: Optional[str] = None,
+    next_check: Optional[str] = None,
+) -> str:
+    """Lay out an error message in the house order. Empty parts are left out."""
+    lines = [headline]
+    for label, text in (
+        ("expected", expected),
+        ("arrived", arrived),
+        ("where", where),
+        ("next", next_check),
+    ):
+        if text:
+            lines.append(f"  {label + ':':9s} {text}")
+    return "\n".join(lines)
+
+
+class SentinelError(RuntimeError):
+    """Base class of every error torch_sentinel raises."""
+
+
+class InstrumentationError(SentinelError):
+    """The sentinel cannot observe what it was asked to observe (for example, hooks that
+    torch.compile skipped). Raised rather than watching with blind eyes."""
+
+
+class ShapeContractError(SentinelError):
+    """A named-axis shape contract was violated."""
+
+
+class NonFiniteError(SentinelError):
+    """The first step at which a NaN or Inf appeared, with the boundary and module where it started.
+
+    Attributes:
+        step: optimizer steps completed before the faulty one (0-based).
+        boundary: one of ``torch_sentinel.BOUNDARIES``.
+        module: qualified module name relative to the attached model, or None.
+        kind: always ``"non_finite"``.
+        nan, posinf, neginf: element counts in the first offending tensor, or None when the
+            tensor was not retained (deferred mode records only which kinds were present).
+        shape, dtype: of the first offending tensor, when known.
+        rank: the distributed rank where the fault started, or None outside torch.distributed.
+        evidence: every number behind the message.
+    """
+
+    kind = "non_finite"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        step: int,
+        boundary: str,
+        module: Optional[str],
+        nan: Optional[int] = None,
+        posinf: Optional[int] = None,
+        neginf: Optional[int] = None,
+        shape: Optional[tuple[int, ...]] = None,
+        dtype: Optional[str] = None,
+        rank: Optional[int] = None,
+        evidence: Optional[dict[str, Any]] = None,
+    ) -> None:
+        super().__init__(message)
+        self.step = step
+        self.boundary = boundary
+        self.module = module
+        self.nan = nan
+        self.posinf = posinf
+        self.neginf = neginf
+        self.shape = shape
+        self.dtype = dtype
+        self.rank = rank
+        self.evidence = dict(evidence or {})

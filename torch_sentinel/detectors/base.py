@@ -1,0 +1,65 @@
+"""What every detector shares: the run context it reads and the protocol it implements.
+
+A detector is host code only. It never sees a live tensor: it reads :class:`StepRecord`s (plain
+numbers copied from the device) and the static :class:`RunContext`, keeps whatever small state
+it needs across windows, and returns :class:`Finding`s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, ClassVar, Optional
+
+from .._collect.records import StepRecord
+from .._findings import Boundary, Finding
+
+__all__ = ["Detector", "RunContext"]
+
+
+@dataclasses.dataclass
+class RunContext:
+    """Static facts about the attached run, shared by all detectors."""
+
+    module_names: list[str]
+    module_types: dict[str, str]
+    param_names: list[str]
+    param_owner: dict[str, str]
+    #: Parameters held by some optimizer param group.
+    optimizer_params: set[str]
+    #: Module slots in forward execution order (learned during the first steps).
+    forward_order: Callable[[], list[int]]
+    thresholds: dict[str, float] = dataclasses.field(default_factory=dict)
+    rank: Optional[int] = None
+    #: Detectors may stash device-side state here (accumulators) through the collector taps.
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def threshold(self, key: str, default: float) -> float:
+        return float(self.thresholds.get(key, default))
+
+    def owner(self, param: str) -> Optional[str]:
+        return self.param_owner.get(param)
+
+
+class Detector:
+    """One finding kind (or a tight family of them), interpreted on the host.
+
+    ``observe`` is called once per flush with the records of the window, oldest first;
+    ``finish`` once at ``report()`` for verdicts that need the whole run.
+    """
+
+    kind: ClassVar[str] = ""
+    boundary: ClassVar[Boundary] = "data"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        return ()
+
+    def finish(self) -> Iterable[Finding]:
+        return ()
+
+    def finding(self, message: str, **fields: Any) -> Finding:
+        fields.setdefault("rank", self.ctx.rank)
+        return Finding(kind=self.kind, boundary=self.boundary, message=message, **fields)

@@ -1,0 +1,298 @@
+"""Non-finite values: find the first boundary and module where they appeared, and say so.
+
+Two paths lead here. In immediate mode a hook found the offending tensor itself (a
+:class:`Fault` with exact counts). In deferred mode a step's row arrived on the host with a
+non-finite slot, and :func:`locate` walks the ladder over that row: data, forward (modules in
+execution order), loss, gradients (backward order), updates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from .._collect.collector import Fault
+from .._collect.records import StepRecord, TensorEvidence
+from .._errors import NonFiniteError, format_message
+from .._findings import Finding
+from .base import RunContext
+
+__all__ = ["NonFiniteDiagnosis", "core_rows_finite", "locate"]
+
+_FP16_MAX = 65504.0
+
+
+def core_rows_finite(values: np.ndarray, width: int) -> bool:
+    return bool(np.isfinite(values[:width]).all())
+
+
+def _flags(lo: float, hi: float) -> TensorEvidence:
+    """What a (min, max) pair says about the kinds of non-finite values present."""
+    ev = TensorEvidence()
+    ev.nan = None
+    ev.min = lo if math.isfinite(lo) else None
+    ev.max = hi if math.isfinite(hi) else None
+    return ev
+
+
+def _present(lo: float, hi: float) -> str:
+    kinds = []
+    if math.isnan(lo) or math.isnan(hi):
+        kinds.append("NaN")
+    if hi == math.inf:
+        kinds.append("+Inf")
+    if lo == -math.inf:
+        kinds.append("-Inf")
+    return ", ".join(kinds) or "non-finite values"
+
+
+def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fault]:
+    """The first boundary (and module) with a non-finite slot in this step's row, or None."""
+    v = record.values
+    if core_rows_finite(v, core_width):
+        return None
+    meta = record.meta
+    step = meta.step
+
+    # data: the main input must be finite; extra inputs (masks) may hold -inf.
+    dlo, dhi = record.array("data.min"), record.array("data.max")
+    main_bad = not (math.isfinite(dlo[0]) and math.isfinite(dhi[0]))
+    aux_bad = not math.isfinite(dhi[1]) or math.isnan(dlo[1])
+    if main_bad or aux_bad:
+        k = 0 if main_bad else 1
+        ev = _flags(float(dlo[k]), float(dhi[k]))
+        return Fault(step, "data", None, ev, {"present": _present(float(dlo[k]), float(dhi[k])),
+                                               "input": "args[0]" if main_bad else "extra input"})
+
+    alo, ahi = record.array("act.min"), record.array("act.max")
+    bad = ~(np.isfinite(alo) & np.isfinite(ahi))
+    if bad.any():
+        for slot in ctx.forward_order():
+            if bad[slot]:
+                ev = _flags(float(alo[slot]), float(ahi[slot]))
+                shape = meta.shapes.get(slot)
+                if shape:
+                    ev.shape, ev.dtype = shape
+                name = ctx.module_names[slot]
+                return Fault(step, "forward", name, ev, {
+                    "present": _present(float(alo[slot]), float(ahi[slot])),
+                    "module_type": ctx.module_types.get(name, ""),
+                })
+
+    losses = record.mapping("loss")
+    key = "explicit" if meta.loss_explicit else "auto"
+    if not math.isfinite(losses[key]) or not math.isfinite(losses["validation"]):
+        which = key if not math.isfinite(losses[key]) else "validation"
+        return Fault(step, "loss", None, TensorEvidence(shape=(), dtype=None),
+                     {"present": _present(losses[which], losses[which]), "loss": which})
+
+    if not meta.amp:  # under a GradScaler the scaler judges gradients; a skip is not a fault
+        glo, ghi = record.array("outgrad.min"), record.array("outgrad.max")
+        gbad = ~(np.isfinite(glo) & np.isfinite(ghi))
+        if gbad.any():
+            order = list(dict.fromkeys(meta.bwd_order))
+            previous: Optional[int] = None
+            for slot in order:
+                if gbad[slot]:
+                    culprit = ctx.module_names[previous] if previous is not None else None
+                    return Fault(step, "gradients", culprit, _flags(float(glo[slot]), float(ghi[slot])), {
+                        "present": _present(float(glo[slot]), float(ghi[slot])),
+                        "incoming_to": ctx.module_names[slot],
+                        "source": "module backward" if previous is not None else "loss backward",
+                    })
+                previous = slot
+        grads = record.array("grad_norm")
+        if not np.isfinite(grads).all():
+            names = record.keys("grad_norm")
+            for i in reversed(range(len(names))):  # backward reaches the last layers first
+                if not math.isfinite(grads[i]):
+                    return Fault(step, "gradients", ctx.owner(names[i]), TensorEvidence(), {
+                        "present": "non-finite gradient norm", "parameter": names[i],
+                        "grad_norm": float(grads[i]),
+                    })
+        if not math.isfinite(record.value("misc", "stale_grad_norm")):
+            return Fault(step, "gradients", None, TensorEvidence(), {
+                "present": "non-finite gradients carried over from the previous step",
+            })
+
+    params = record.array("param_norm")
+    if not np.isfinite(params).all():
+        names = record.keys("param_norm")
+        for i, name in enumerate(names):
+            if not math.isfinite(params[i]):
+                return Fault(step, "updates", ctx.owner(name), TensorEvidence(), {
+                    "present": "non-finite parameter after the optimizer step",
+                    "parameter": name, "param_norm": float(params[i]),
+                })
+    updates = record.array("update_norm")
+    if not np.isfinite(updates).all():
+        names = record.keys("update_norm")
+        i = int(np.flatnonzero(~np.isfinite(updates))[0])
+        return Fault(step, "updates", ctx.owner(names[i]), TensorEvidence(), {
+            "present": "non-finite update", "parameter": names[i],
+        })
+    return None
+
+
+def update_ratio(records: Sequence[StepRecord], before_step: int) -> Optional[dict[str, Any]]:
+    """The global and largest per-parameter update/weight ratio of the last sampled step before
+    ``before_step``: the evidence for 'learning rate too high'."""
+    for rec in reversed(records):
+        if rec.step >= before_step or not rec.meta.updates_sampled:
+            continue
+        upd = rec.array("update_norm").astype(np.float64)
+        par = rec.array("param_norm").astype(np.float64)
+        if not (np.isfinite(upd).all() and np.isfinite(par).all()):
+            continue
+        denom = math.sqrt(float((par**2).sum())) or 1.0
+        ratio = math.sqrt(float((upd**2).sum())) / denom
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per = np.where(par > 0, upd / np.maximum(par, 1e-30), 0.0)
+        i = int(np.argmax(per)) if per.size else 0
+        return {
+            "step": rec.step,
+            "ratio": ratio,
+            "max_ratio": float(per[i]) if per.size else 0.0,
+            "max_ratio_param": rec.keys("update_norm")[i] if per.size else None,
+        }
+    return None
+
+
+def _next_check(fault: Fault, ratio: Optional[dict[str, Any]]) -> str:
+    b = fault.boundary
+    ev = fault.evidence
+    mtype = str(fault.detail.get("module_type", ""))
+    if b == "data":
+        return ("inspect the batch and its preprocessing: a NaN from division by a zero std "
+                "(a constant feature), a log of zero or negative values, or missing values "
+                "read as NaN. The model did not produce it.")
+    hint_ratio = ""
+    if ratio is not None:
+        hint_ratio = (f" The update/weight ratio at step {ratio['step']} was {ratio['ratio']:.3g} "
+                      f"(largest {ratio['max_ratio']:.3g} in {ratio['max_ratio_param']}); "
+                      "healthy training sits near 1e-3, so "
+                      + ("a learning rate too high is likely." if ratio["max_ratio"] > 0.1
+                         else "the learning rate looks sane."))
+    if b == "forward":
+        big = max(abs(ev.min or 0.0), abs(ev.max or 0.0))
+        if ev.dtype == "float16" or (big and big > _FP16_MAX * 0.5 and ev.dtype in ("float16", None)):
+            return ("an fp16 overflow (|x| > 65504): use bfloat16 autocast, or scale the "
+                    "activations down." + hint_ratio)
+        if not fault.detail.get("inputs_finite", True):
+            return ("the inputs of the first non-finite submodule were already non-finite: "
+                    "look at the functional code in this module's forward (log of a "
+                    "non-positive value? sqrt of a negative? division by a zero std?)." + hint_ratio)
+        if mtype in ("Linear", "Conv1d", "Conv2d", "Conv3d", "Embedding", "Bilinear"):
+            return ("check this layer's weights: they were finite before the step, so an update "
+                    "blew them up (learning rate too high?) or its input is extreme." + hint_ratio)
+        return ("check what this module computes: log of a non-positive value? division by a "
+                "zero std or zero count? exp overflow (use a max-shifted softmax)?" + hint_ratio)
+    if b == "loss":
+        return ("the model's outputs were finite, so look at the loss: log of a probability that "
+                "reached 0 (use log_softmax / BCEWithLogits), division by a zero count of "
+                "valid targets, or a target outside the valid range.")
+    if b == "gradients":
+        if fault.detail.get("source") == "loss backward":
+            return ("the gradient of the loss itself is non-finite: a loss whose derivative is "
+                    "infinite at the point reached (log or sqrt at 0).")
+        return ("this module's backward produced a non-finite gradient from a finite one: a "
+                "function with an infinite derivative at the point reached (sqrt or norm at 0, "
+                "log at 0, pow with a fractional exponent): add an epsilon." + hint_ratio)
+    if b == "updates":
+        return ("gradients were finite but the optimizer step produced non-finite weights: a "
+                "learning rate too high, an optimizer eps of 0, or a non-finite lr." + hint_ratio)
+    return "inspect the evidence at this boundary."
+
+
+class NonFiniteDiagnosis:
+    """Turns a :class:`Fault` into a :class:`NonFiniteError` and a matching :class:`Finding`."""
+
+    kind = "non_finite"
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def error(self, fault: Fault, recent: Sequence[StepRecord], rank: Optional[int] = None) -> NonFiniteError:
+        ev = fault.evidence
+        ratio = update_ratio(recent, fault.step)
+        where_module = self.ctx.module_names and fault.module
+        module_txt = (f"module {fault.module or '<model>'!r}" + (
+            f" ({fault.detail['module_type']})" if fault.detail.get("module_type") else "")
+            if fault.module is not None else "no module (" + _boundary_subject(fault) + ")")
+        counts: str
+        if ev.nan is not None:
+            counts = f"{ev.nan} NaN, {ev.posinf} +Inf, {ev.neginf} -Inf"
+        else:
+            counts = f"{fault.detail.get('present', 'non-finite values')} present (exact counts need check='immediate')"
+        shape = f"shape {tuple(ev.shape)}" if ev.shape is not None else "shape unknown"
+        dtype = f"dtype {ev.dtype}" if ev.dtype else "dtype unknown"
+        rank_txt = f" on rank {rank}" if rank is not None else ""
+        extra = ""
+        if "incoming_to" in fault.detail:
+            extra = f"; the gradient flowing into {fault.detail['incoming_to']!r} was the first non-finite one"
+        if "parameter" in fault.detail:
+            extra = f"; parameter {fault.detail['parameter']!r}"
+        if fault.detail.get("inputs_finite") is False:
+            extra = f"; first non-finite output came from {fault.detail.get('first_nonfinite_output_of')!r} whose inputs were already non-finite"
+        message = format_message(
+            f"non-finite values first appeared at step {fault.step}, boundary {fault.boundary!r}, "
+            f"{module_txt}{rank_txt}",
+            expected=_expected(fault.boundary),
+            arrived=f"a tensor of {shape}, {dtype} with {counts}",
+            where=f"step {fault.step} (0-based: optimizer steps completed before it), "
+                  f"{module_txt}{extra}",
+            next_check=_next_check(fault, ratio),
+        )
+        del where_module
+        evidence = {
+            "nan": ev.nan, "posinf": ev.posinf, "neginf": ev.neginf,
+            "shape": list(ev.shape) if ev.shape is not None else None, "dtype": ev.dtype,
+            "finite_min": ev.min, "finite_max": ev.max, **fault.detail,
+        }
+        if ratio is not None:
+            evidence["update_ratio_before"] = ratio
+        return NonFiniteError(
+            message, step=fault.step, boundary=fault.boundary, module=fault.module,
+            nan=ev.nan, posinf=ev.posinf, neginf=ev.neginf,
+            shape=tuple(ev.shape) if ev.shape is not None else None, dtype=ev.dtype,
+            rank=rank, evidence=evidence,
+        )
+
+    def finding(self, err: NonFiniteError) -> Finding:
+        return Finding(
+            kind="non_finite", boundary=err.boundary,  # type: ignore[arg-type]
+            module=err.module, step=err.step, severity="error",
+            message=str(err).splitlines()[0], evidence=err.evidence,
+            next_check=_NEXT_CHECK.get(err.boundary, "inspect_boundary"), rank=err.rank,
+        )
+
+
+_NEXT_CHECK = {
+    "data": "inspect_data_pipeline",
+    "forward": "inspect_forward_values",
+    "loss": "inspect_loss_definition",
+    "gradients": "inspect_backward_path",
+    "updates": "inspect_optimizer_update",
+}
+
+
+def _boundary_subject(fault: Fault) -> str:
+    return {
+        "data": "the batch fed to the model",
+        "loss": "the loss computed from the model's outputs",
+        "gradients": "the gradient of the loss",
+        "updates": "the optimizer step",
+    }.get(fault.boundary, fault.boundary)
+
+
+def _expected(boundary: str) -> str:
+    return {
+        "data": "a batch of finite values",
+        "forward": "finite outputs from every module, given finite inputs",
+        "loss": "a finite loss from finite model outputs",
+        "gradients": "finite gradients from every module's backward, given a finite incoming gradient",
+        "updates": "finite parameters after the optimizer step, given finite gradients",
+    }.get(boundary, "finite values")
