@@ -249,6 +249,20 @@ class Sentinel:
         added = self._add_findings(new)
         for sink in self._sinks:
             self._safe(sink.write, records, added)
+        if records:
+            stats: dict[str, float] = {}
+            for d in self._detectors:
+                statistics = getattr(d, "statistics", None)
+                if statistics is not None:
+                    try:
+                        stats.update({f"detector/{d.kind}/{k}": float(v) for k, v in statistics().items()})
+                    except Exception as exc:
+                        logger.warning("torch_sentinel: statistics of %s failed: %s", type(d).__name__, exc)
+            if stats:
+                for sink in self._sinks:
+                    write_stats = getattr(sink, "write_stats", None)
+                    if write_stats is not None:
+                        self._safe(write_stats, records[-1].step, stats)
 
     def _add_findings(self, findings: Any, write: bool = False) -> list[Finding]:
         added = []

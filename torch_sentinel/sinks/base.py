@@ -26,6 +26,13 @@ class SinkContext:
 
 
 class Sink(Protocol):
+    """``write`` gets each flushed window of step records and the findings new in it.
+
+    Optional methods a sink may add, called when present:
+    ``write_stats(step, {tag: value})`` for detectors' statistics (tags ``detector/<kind>/<name>``)
+    and ``write_note(entry)`` for experiment-log entries from ``Sentinel.note``.
+    """
+
     def write(self, records: Sequence[StepRecord], findings: Sequence[Finding]) -> None: ...
 
     def close(self) -> None: ...
