@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -20,12 +21,16 @@ from torch import nn
 from ._collect.collector import Collector, Fault
 from ._collect.model_map import unwrap_model
 from ._collect.records import StepRecord
+from ._compile import HookLiveness
+from ._distributed import RankSync, gather_findings
 from ._errors import NonFiniteError, SentinelError, format_message
 from ._findings import Finding
 from ._options import Options, resolve_check_mode
 from .detectors import RunContext, default_detectors
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
+from .repro.run_record import RunRecord
+from .shapes.notes import install_shape_notes
 from .sinks import SinkContext, build_sinks
 
 __all__ = ["Sentinel", "attach"]
@@ -97,6 +102,7 @@ class Sentinel:
             forward_order=c.forward_order,
             thresholds=dict(options.thresholds),
             rank=self.rank,
+            exact_norms=c.ledger.host_view is not None,
         )
         self._core_width = c.ledger.width
         self._nonfinite = NonFiniteDiagnosis(self.context)
@@ -105,10 +111,17 @@ class Sentinel:
             install = getattr(d, "install", None)
             if install is not None:
                 install(c)
+        # Under torch.distributed, ranks agree on non-finite faults before anyone raises.
+        self._ranks = RankSync.maybe(
+            options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
+        )
+        self._liveness = HookLiveness(type(self._root).__name__, options.blind_hooks)
         self.manifest: dict[str, Any] = {}
+        # Fills the manifest before the sinks read it; writes manifest.json; incident bundles.
+        self._run_record = RunRecord(self, _rank_log_dir(options.log_dir, self.rank, options.per_rank_logs))
         self._sinks = build_sinks(
             SinkContext(
-                log_dir=options.log_dir,
+                log_dir=_rank_log_dir(options.log_dir, self.rank, options.per_rank_logs),
                 log_every=options.log_every,
                 rank=self.rank,
                 is_writer=self.rank in (None, 0) or options.per_rank_logs,
@@ -119,6 +132,7 @@ class Sentinel:
         )
         try:
             c.install()
+            install_shape_notes(self)
         except BaseException:
             c.close()
             raise
@@ -165,14 +179,26 @@ class Sentinel:
         """Bring every pending row to the host and run the detectors (cold path: may sync)."""
         if not self._detached:
             self._collector.drain(block=True)
+            if self._ranks is not None:
+                self._ranks.settle()
         self._flush_window()
 
-    def report(self) -> Report:
-        """Flush pending evidence and return the diagnosis."""
+    def report(self, *, all_ranks: Optional[bool] = None) -> Report:
+        """Flush pending evidence and return the diagnosis.
+
+        Under torch.distributed (with ``sync_ranks``), the findings of every rank are gathered,
+        so ``report()`` is a collective there: call it on every rank, or pass
+        ``all_ranks=False`` for this rank's findings only.
+        """
         self.flush()
         for d in self._detectors:
             self._add_findings(d.finish())
-        return Report(findings=list(self._findings), steps=self.step, notes=list(self._notes))
+        findings = list(self._findings)
+        if all_ranks is None:
+            all_ranks = self._ranks is not None
+        if all_ranks:
+            findings = gather_findings(findings)
+        return Report(findings=findings, steps=self.step, notes=list(self._notes))
 
     def detach(self) -> None:
         """Remove every hook and patch; idempotent. Pending evidence is flushed first."""
@@ -192,6 +218,7 @@ class Sentinel:
         finally:
             self._detached = True
             self._collector.close()
+            self._safe(self._run_record.close)
             for sink in self._sinks:
                 self._safe(sink.close)
             if _ATTACHED.get(self._root) is self:
@@ -209,6 +236,8 @@ class Sentinel:
 
     # ------------------------------------------------------------------ internals
     def _on_record(self, record: StepRecord) -> None:
+        if not self._liveness.settled:
+            self._liveness.observe(record, self._collector.step)
         self._window.append(record)
         self._recent.append(record)
         fault = None if self._nonfinite_reported else locate(record, self.context, self._core_width)
@@ -224,9 +253,21 @@ class Sentinel:
         self._handle_fault(fault)
 
     def _handle_fault(self, fault: Fault) -> None:
+        if self._ranks is not None:
+            # Raising on this rank alone would hang the others in their next collective: hold
+            # the evidence; RankSync calls _handle_agreed_fault on every rank at the same step.
+            self._ranks.hold(fault)
+            self._collector.immediate = False
+            return
+        self._raise_fault(fault, self.rank)
+
+    def _handle_agreed_fault(self, fault: Fault, rank: int) -> None:
+        self._raise_fault(fault, rank)
+
+    def _raise_fault(self, fault: Fault, rank: Optional[int]) -> None:
         self._nonfinite_reported = True
         self._collector.immediate = False  # one report per run; later steps are consequences
-        err = self._nonfinite.error(fault, list(self._recent), rank=self.rank)
+        err = self._nonfinite.error(fault, list(self._recent), rank=rank)
         self._add_findings([self._nonfinite.finding(err)], write=True)
         for callback in self.on_nonfinite_callbacks:
             self._safe(callback, err, self)
@@ -283,6 +324,13 @@ class Sentinel:
             fn(*args)
         except Exception as exc:  # logging must never stop training
             logger.warning("torch_sentinel: %s failed: %s", getattr(fn, "__qualname__", fn), exc)
+
+
+def _rank_log_dir(log_dir: Optional[str], rank: Optional[int], per_rank: bool) -> Optional[str]:
+    """With per-rank logs, each rank writes its own TensorBoard run: ``<log_dir>/rank<r>``."""
+    if log_dir is None or rank is None or not per_rank:
+        return log_dir
+    return os.path.join(log_dir, f"rank{rank}")
 
 
 def _rank() -> Optional[int]:

@@ -16,18 +16,23 @@ import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .hookset import HookSet
-from .ledger import Ledger
+from .ledger import FLOAT_MAX, Ledger
 from .model_map import ModelMap
 from .patches import patch_for
 from .records import StepMeta, StepRecord, TensorEvidence
+from .shards import ShardedNorms, local
 from .transfer import HostRing, read_now
 
-__all__ = ["Collector", "Fault", "iter_tensors", "tensor_evidence"]
+__all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence"]
+
+#: meta.shapes keys of the main and the extra model inputs (module slots are >= 0).
+DATA_SHAPE_KEYS = (-1, -2)
 
 _is_compiling: Callable[[], bool] = getattr(
     getattr(torch, "compiler", None), "is_compiling", lambda: False
@@ -181,6 +186,9 @@ class Collector:
         self.step_taps: list[Callable[[Collector], None]] = []
         self.backward_taps: list[Callable[[Collector, torch.Tensor], None]] = []
         self.row_taps: list[Callable[[StepMeta], None]] = []
+        #: Called with the closed step at the end of close_row, after its landed rows were
+        #: handed on: the point every rank reaches once per step (cross-rank decisions).
+        self.closed_taps: list[Callable[[int], None]] = []
         self.disabled = False
         self.on_fault: Callable[[Fault], None] = _unhandled
 
@@ -222,6 +230,7 @@ class Collector:
         self._module_slot = {id(m): i for i, (_, m) in enumerate(self.map.modules)}
         self.module_names = names
         self._same_device = all(p.device == self.device for p in self.param_tensors)
+        self._sharded = ShardedNorms(self.param_tensors)
         total_bytes = sum(p.numel() * p.element_size() for p in self.param_tensors)
         self.update_copy_bytes = total_bytes
 
@@ -288,6 +297,8 @@ class Collector:
         k = 0 if main else 1
         lo, hi = self.data_lo.start + k, self.data_hi.start + k
         self._reduce_into(t, lo, hi)
+        if not compiling:
+            self.meta.shapes[DATA_SHAPE_KEYS[k]] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
         if main:
             for tap in self.input_taps:
                 tap(t.detach())
@@ -410,7 +421,8 @@ class Collector:
 
     def _check_stale_grads(self) -> None:
         """Gradients already present before a step's first backward were not cleared."""
-        stale = [p.grad for p in self.param_tensors if p.grad is not None]
+        # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
+        stale = [local(p.grad) for p in self.param_tensors if p.grad is not None]
         self.meta.stale_grads = len(stale)
         if stale and self.step > 0:
             with torch.no_grad():
@@ -473,10 +485,12 @@ class Collector:
         missing: tuple[str, ...] = ()
         if not present:
             return tuple(self.params[i][0] for i in range(n))
+        if self._sharded:
+            tensors = [None if t is None else local(t) for t in tensors]
         norms = torch._foreach_norm([tensors[i] for i in present])  # type: ignore[misc]
         if not self._same_device:
             norms = [t.to(self.device) for t in norms]
-        stacked = torch.stack(norms).float()
+        stacked = self._sharded.globalize(torch.stack(norms).float(), present)
         dest = self.ledger.current[block_start : block_start + n]
         if len(present) == n:
             dest.copy_(stacked)
@@ -488,7 +502,27 @@ class Collector:
                 self._missing_index_cache = {key: index}
             dest.index_copy_(0, index, stacked)
             missing = tuple(self.params[i][0] for i in range(n) if tensors[i] is None)
+        if self.ledger.host_view is not None:
+            self._confirm_norm_overflow(block_start, n, tensors)
         return missing
+
+    def _confirm_norm_overflow(self, start: int, n: int, tensors: list[Optional[torch.Tensor]]) -> None:
+        """An L2 norm of +inf may be float32 overflow of finite values (|x| > ~1e19): confirm
+        exactly, while the tensors are still live, before the row can claim a non-finite value.
+
+        Only where the row is host memory (CPU), so the look is a memory load; the exact check
+        runs only when a norm is +inf (cold path). On accelerators in deferred mode the
+        detectors treat a +inf norm without NaN as an overflow instead.
+        """
+        hv = self.ledger.host_view
+        assert hv is not None
+        row = hv[start : start + n]
+        overflowed = np.flatnonzero(np.isposinf(row))
+        for i in overflowed.tolist():
+            t = tensors[i]
+            if t is not None and bool(read_now(torch.isfinite(t).all())):
+                row[i] = FLOAT_MAX
+                self.meta.norm_overflow.append(self.params[i][0])
 
     def _record_grad_norms(self) -> None:
         grads = [p.grad for p in self.param_tensors]
@@ -534,6 +568,8 @@ class Collector:
         self._optimizers_stepped = set()
         self._pending_scaled = None
         self.drain()
+        for closed_tap in self.closed_taps:
+            closed_tap(self.step - 1)
 
     def drain(self, block: bool = False) -> None:
         if self.ledger.current.numel() > self.ring.width:

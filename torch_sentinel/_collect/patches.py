@@ -52,9 +52,15 @@ class Patch:
     def add(self, listener: PatchListener) -> None:
         with self._lock:
             if self.wrapper is None:
-                self.original = self.owner.__dict__[self.attr] if isinstance(self.owner, type) else getattr(self.owner, self.attr)
+                if isinstance(self.owner, type):
+                    # A method inherited from a C base (e.g. Tensor.relu from TensorBase) is not in
+                    # the class __dict__: shadow it on the class and delete the shadow on removal.
+                    self.original = self.owner.__dict__.get(self.attr, _INHERITED)
+                    target = getattr(self.owner, self.attr) if self.original is _INHERITED else self.original
+                else:
+                    self.original = target = getattr(self.owner, self.attr)
                 self.wrapper = self._make_wrapper(
-                    self.original.__func__ if isinstance(self.original, (staticmethod, classmethod)) else self.original
+                    target.__func__ if isinstance(target, (staticmethod, classmethod)) else target
                 )
                 setattr(self.owner, self.attr, self.wrapper)
             self.listeners.append(listener)
@@ -67,12 +73,16 @@ class Patch:
                 return
             current = self.owner.__dict__.get(self.attr) if isinstance(self.owner, type) else getattr(self.owner, self.attr, None)
             if current is self.wrapper:
-                setattr(self.owner, self.attr, self.original)
+                if self.original is _INHERITED:
+                    delattr(self.owner, self.attr)
+                else:
+                    setattr(self.owner, self.attr, self.original)
                 self.wrapper = None
                 self.original = None
             # else: someone patched on top of us; our wrapper stays as a pass-through.
 
 
+_INHERITED = object()
 _PATCHES: dict[tuple[int, str], Patch] = {}
 _PATCHES_LOCK = threading.Lock()
 

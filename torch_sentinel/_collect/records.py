@@ -34,6 +34,9 @@ class StepMeta:
     shapes: dict[int, tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=dict)
     updates_sampled: bool = False
     stale_grads: int = 0
+    #: Parameters whose gradient or weight L2 norm overflowed float32 although every value was
+    #: finite (confirmed exactly on CPU); their slot holds float32's max instead of +inf.
+    norm_overflow: list[str] = dataclasses.field(default_factory=list)
     validation: Optional[float] = None
     validation_on_device: bool = False
     #: Free-form host facts added by detectors' taps (plain values only).

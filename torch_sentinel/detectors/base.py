@@ -31,6 +31,9 @@ class RunContext:
     forward_order: Callable[[], list[int]]
     thresholds: dict[str, float] = dataclasses.field(default_factory=dict)
     rank: Optional[int] = None
+    #: True when a +inf norm in a row has been confirmed exactly (CPU rows); on accelerators in
+    #: deferred mode a +inf norm without NaN may be float32 overflow of finite values.
+    exact_norms: bool = True
     #: Detectors may stash device-side state here (accumulators) through the collector taps.
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._collect.collector import Fault
+from .._collect.collector import DATA_SHAPE_KEYS, Fault
 from .._collect.records import StepRecord, TensorEvidence
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding
@@ -49,6 +49,13 @@ def _present(lo: float, hi: float) -> str:
     return ", ".join(kinds) or "non-finite values"
 
 
+def _norm_is_nonfinite(norm: float, ctx: RunContext) -> bool:
+    """A NaN norm always means a NaN value; +inf may be float32 overflow where not confirmed."""
+    if math.isnan(norm) or norm == -math.inf:
+        return True
+    return norm == math.inf and ctx.exact_norms
+
+
 def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fault]:
     """The first boundary (and module) with a non-finite slot in this step's row, or None."""
     v = record.values
@@ -64,6 +71,9 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
     if main_bad or aux_bad:
         k = 0 if main_bad else 1
         ev = _flags(float(dlo[k]), float(dhi[k]))
+        shape = meta.shapes.get(DATA_SHAPE_KEYS[k])
+        if shape:
+            ev.shape, ev.dtype = shape
         return Fault(step, "data", None, ev, {"present": _present(float(dlo[k]), float(dhi[k])),
                                                "input": "args[0]" if main_bad else "extra input"})
 
@@ -98,7 +108,11 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
             for slot in order:
                 if gbad[slot]:
                     culprit = ctx.module_names[previous] if previous is not None else None
-                    return Fault(step, "gradients", culprit, _flags(float(glo[slot]), float(ghi[slot])), {
+                    ev = _flags(float(glo[slot]), float(ghi[slot]))
+                    shape = meta.shapes.get(slot)  # a gradient has the shape of the output it belongs to
+                    if shape:
+                        ev.shape, ev.dtype = shape
+                    return Fault(step, "gradients", culprit, ev, {
                         "present": _present(float(glo[slot]), float(ghi[slot])),
                         "incoming_to": ctx.module_names[slot],
                         "source": "module backward" if previous is not None else "loss backward",
@@ -108,7 +122,7 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
         if not np.isfinite(grads).all():
             names = record.keys("grad_norm")
             for i in reversed(range(len(names))):  # backward reaches the last layers first
-                if not math.isfinite(grads[i]):
+                if _norm_is_nonfinite(grads[i], ctx):
                     return Fault(step, "gradients", ctx.owner(names[i]), TensorEvidence(), {
                         "present": "non-finite gradient norm", "parameter": names[i],
                         "grad_norm": float(grads[i]),
@@ -122,15 +136,16 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
     if not np.isfinite(params).all():
         names = record.keys("param_norm")
         for i, name in enumerate(names):
-            if not math.isfinite(params[i]):
+            if _norm_is_nonfinite(params[i], ctx):
                 return Fault(step, "updates", ctx.owner(name), TensorEvidence(), {
                     "present": "non-finite parameter after the optimizer step",
                     "parameter": name, "param_norm": float(params[i]),
                 })
     updates = record.array("update_norm")
-    if not np.isfinite(updates).all():
+    bad_updates = [i for i, u in enumerate(updates.tolist()) if _norm_is_nonfinite(u, ctx)]
+    if bad_updates:
         names = record.keys("update_norm")
-        i = int(np.flatnonzero(~np.isfinite(updates))[0])
+        i = bad_updates[0]
         return Fault(step, "updates", ctx.owner(names[i]), TensorEvidence(), {
             "present": "non-finite update", "parameter": names[i],
         })

@@ -1,0 +1,329 @@
+"""The first non-finite step: boundary, module, exact step, evidence, in both check modes."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Optional
+
+import pytest
+import torch
+from helpers import CNN, MLP, MODELS, Transformer, make_batch, train
+from torch import nn
+
+import torch_sentinel
+from torch_sentinel import NonFiniteError
+
+
+class SqrtAbs(nn.Module):
+    """sqrt(|x|): finite forward everywhere, but d/dx at x == 0 is 0 * inf = NaN."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x.abs())
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+def _run(model: nn.Module, opt: torch.optim.Optimizer, kind: str, steps: int, check: str, corrupt=None,
+         before_step=None, **kwargs) -> tuple[Optional[NonFiniteError], torch_sentinel.Sentinel]:
+    s = torch_sentinel.attach(model, opt, check=check, **kwargs)
+    g = torch.Generator().manual_seed(0)
+    err = None
+    try:
+        for step in range(steps):
+            x, y = make_batch(kind, generator=g)
+            if corrupt is not None:
+                x = corrupt(step, x)
+            if before_step is not None:
+                before_step(step, model)
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+        s.detach()
+    except NonFiniteError as e:
+        err = e
+    finally:
+        s.detach()
+    return err, s
+
+
+def _nan_in_batch_at(step_to_corrupt: int):
+    def corrupt(step: int, x: torch.Tensor) -> torch.Tensor:
+        if step == step_to_corrupt:
+            x = x.clone()
+            x.view(-1)[3] = math.nan
+        return x
+    return corrupt
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"], ids=["mlp", "cnn"])
+def test_nan_in_the_batch_is_a_data_fault_not_the_first_layers(kind: str, check_mode: str) -> None:
+    torch.manual_seed(0)
+    model = MODELS[kind]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    err, _ = _run(model, opt, kind, 6, check_mode, corrupt=_nan_in_batch_at(4))
+    assert err is not None
+    assert (err.step, err.boundary, err.module, err.kind) == (4, "data", None, "non_finite")
+    assert err.shape == tuple(make_batch(kind)[0].shape)
+    assert err.dtype == "float32"
+    if check_mode == "immediate":
+        assert (err.nan, err.posinf, err.neginf) == (1, 0, 0)
+    with pytest.raises(NonFiniteError, match=r"step 4, boundary 'data'.*\n.*expected:\s+a batch of finite values"
+                                           r"[\s\S]*next:\s+inspect the batch and its preprocessing"):
+        raise err
+
+
+def _poison_weight(step_at: int, module_path: str):
+    def before_step(step: int, model: nn.Module) -> None:
+        if step == step_at:
+            with torch.no_grad():
+                model.get_submodule(module_path).weight.view(-1)[0] = math.inf
+    return before_step
+
+
+@pytest.mark.parametrize(
+    ("kind", "module"),
+    [("mlp", "fc2"), ("cnn", "features.3"), ("transformer", "encoder.layers.1.linear1")],
+    ids=["mlp", "cnn", "transformer"],
+)
+def test_forward_fault_names_the_first_module_in_execution_order(kind: str, module: str, check_mode: str) -> None:
+    torch.manual_seed(0)
+    model = MODELS[kind]()
+    model.eval() if kind == "transformer" else None  # no dropout: keep the forward deterministic
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    err, _ = _run(model, opt, kind, 5, check_mode, before_step=_poison_weight(2, module))
+    assert err is not None
+    assert (err.step, err.boundary, err.module) == (2, "forward", module)
+    assert module in str(err) and "next:" in str(err)
+
+
+def test_functional_fault_between_submodules_is_blamed_on_the_caller() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Linear(8, 8)
+            self.out = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.log(self.inner(x)))  # log of negative values: NaN
+
+    model = nn.Sequential(nn.Linear(4, 8), Block())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torch_sentinel.attach(model, opt, check="immediate"):
+        with pytest.raises(NonFiniteError, match=r"boundary 'forward', module '1'[\s\S]*whose inputs were already non-finite"
+                                                 r"[\s\S]*functional code in this module's forward") as info:
+            model(torch.randn(16, 4)).sum().backward()
+    assert info.value.module == "1"
+    assert info.value.evidence["first_nonfinite_output_of"] == "1.out"
+
+
+def test_nan_that_appears_only_in_backward_is_attributed_to_the_module_that_computed_it(check_mode: str) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 16), SqrtAbs(), nn.Linear(16, 4))
+
+    def zero_a_unit(step: int, m: nn.Module) -> None:
+        if step == 3:  # unit 0 of the Linear then outputs exactly 0, where sqrt(|x|) has no derivative
+            with torch.no_grad():
+                m[2].weight[0].zero_()
+                m[2].bias[0].zero_()
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # keep the zeroed unit at exactly 0
+    err, _ = _run(model, opt, "mlp_10", 6, check_mode, before_step=zero_a_unit) if False else (None, None)
+    s = torch_sentinel.attach(model, opt, check=check_mode)
+    try:
+        for step in range(6):
+            zero_a_unit(step, model)
+            opt.zero_grad()
+            out = model(torch.randn(8, 10))
+            assert torch.isfinite(out).all()  # the forward pass stays finite
+            nn.functional.cross_entropy(out, torch.randint(0, 4, (8,))).backward()
+            opt.step()
+        s.detach()
+    except NonFiniteError as e:
+        err = e
+    finally:
+        s.detach()
+    assert err is not None
+    assert (err.step, err.boundary, err.module) == (3, "gradients", "3")
+    assert err.evidence["incoming_to"] == "2"
+    assert re_search(r"backward produced a non-finite gradient from a finite one", str(err))
+
+
+def re_search(pattern: str, text: str) -> bool:
+    import re
+
+    return re.search(pattern, text) is not None
+
+
+def test_non_finite_loss_is_a_loss_fault(check_mode: str) -> None:
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    s = torch_sentinel.attach(model, opt, check=check_mode)
+    err = None
+    try:
+        for step in range(4):
+            opt.zero_grad()
+            probs = model(torch.randn(8, 20)).softmax(-1)
+            if step == 2:
+                probs = probs * 0  # log(0) = -inf
+            loss = -torch.log(probs[:, 0]).mean()
+            loss.backward()
+            opt.step()
+        s.detach()
+    except NonFiniteError as e:
+        err = e
+    finally:
+        s.detach()
+    assert err is not None
+    assert (err.step, err.boundary, err.module) == (2, "loss", None)
+    assert "log_softmax" in str(err)
+
+
+def _first_nonfinite_step_by_hand(lr: float, steps: int) -> tuple[int, str]:
+    """Ground truth for the exploding-lr test: check every boundary by hand, with host reads."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        x, y = make_batch("mlp", generator=g)
+        outs: list[torch.Tensor] = []
+        handles = [m.register_forward_hook(lambda m, a, o: outs.append(o.detach())) for m in model.modules()]
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        for h in handles:
+            h.remove()
+        if not all(torch.isfinite(o).all() for o in outs):
+            return step, "forward"
+        if not torch.isfinite(loss):
+            return step, "loss"
+        loss.backward()
+        if not all(torch.isfinite(p.grad).all() for p in model.parameters()):
+            return step, "gradients"
+        opt.step()
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            return step, "updates"
+    raise AssertionError("never went non-finite")
+
+
+def test_exploding_learning_rate_is_caught_at_the_exact_step(check_mode: str) -> None:
+    lr = 3e4
+    expected_step, expected_boundary = _first_nonfinite_step_by_hand(lr, 40)
+    assert expected_step > 0  # the run is healthy at first
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    err, _ = _run(model, opt, "mlp", 40, check_mode, update_every=1)
+    assert err is not None
+    assert (err.step, err.boundary) == (expected_step, expected_boundary)
+    assert "update/weight ratio at step" in str(err)
+    assert err.evidence["update_ratio_before"]["step"] == expected_step - 1
+
+
+def test_non_finite_parameters_after_the_step_are_an_update_fault(check_mode: str) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def blow_up(step: int, m: nn.Module) -> None:
+        if step == 2:
+            opt.param_groups[0]["lr"] = math.inf
+
+    err, _ = _run(model, opt, "mlp", 5, check_mode, before_step=blow_up)
+    assert err is not None
+    assert (err.step, err.boundary) == (2, "updates")
+    assert err.module is not None and err.module.startswith(("fc1", "fc2", "head"))
+
+
+@pytest.mark.parametrize("policy", ["warn", "record"], ids=["warn", "record"])
+def test_warn_and_record_policies_keep_training_and_report_once(policy: str, check_mode: str) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        err, s = _run(model, opt, "mlp", 6, check_mode, corrupt=_nan_in_batch_at(2), on_nonfinite=policy)
+    assert err is None
+    found = s.report().by_kind("non_finite")
+    assert [(f.step, f.boundary) for f in found] == [(2, "data")]
+    runtime = [w for w in caught if issubclass(w.category, RuntimeWarning) and "non-finite" in str(w.message)]
+    assert len(runtime) == (1 if policy == "warn" else 0)
+    report = s.report()
+    assert report.boundary == "data" and not report.ok
+
+
+def test_additive_masks_with_minus_inf_are_not_faults(check_mode: str) -> None:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mask = nn.Transformer.generate_square_subsequent_mask(6)
+    assert torch.isinf(mask).any()
+    with torch_sentinel.attach(model, opt, check=check_mode) as s:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 6, 16), mask=mask, is_causal=True).pow(2).mean().backward()
+            opt.step()
+    assert s.report().ok, str(s.report())
+
+
+def test_hf_model_with_huge_negative_attention_masks_stays_quiet(check_mode: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32, num_labels=3)
+    model = transformers.BertForSequenceClassification(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 60, (4, 10))
+    attention = torch.ones(4, 10, dtype=torch.long)
+    attention[:, 7:] = 0  # padding: HF turns it into finfo.min additive masks internally
+    labels = torch.randint(0, 3, (4,))
+    with torch_sentinel.attach(model, opt, check=check_mode) as s:
+        for _ in range(3):
+            opt.zero_grad()
+            out = model(input_ids=ids, attention_mask=attention, labels=labels)
+            out.loss.backward()
+            opt.step()
+    report = s.report()
+    assert report.ok, str(report)
+    assert report.steps == 3
+
+
+def test_hf_model_nan_is_caught_in_the_right_layer(check_mode: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=60, n_embd=32, n_layer=2, n_head=2, n_positions=32)
+    model = transformers.GPT2LMHeadModel(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 60, (2, 8))
+    s = torch_sentinel.attach(model, opt, check=check_mode)
+    err = None
+    try:
+        for step in range(4):
+            if step == 2:
+                with torch.no_grad():
+                    model.transformer.h[1].mlp.c_fc.weight[0, 0] = math.nan
+            opt.zero_grad()
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+        s.detach()
+    except NonFiniteError as e:
+        err = e
+    finally:
+        s.detach()
+    assert err is not None
+    assert (err.step, err.boundary, err.module) == (2, "forward", "transformer.h.1.mlp.c_fc")
+
+
+def test_cnn_and_transformer_models_are_quiet_in_both_modes(check_mode: str) -> None:
+    for kind, cls in (("cnn", CNN), ("transformer", Transformer)):
+        torch.manual_seed(0)
+        model = cls()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        with torch_sentinel.attach(model, opt, check=check_mode) as s:
+            train(model, opt, kind, 4)
+        assert s.report().ok, str(s.report())

@@ -1,0 +1,180 @@
+"""attach() / Sentinel: argument checking, lifecycle, and leaving what the user owns untouched."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from helpers import MLP, MODELS, train
+from torch import nn
+
+import torch_sentinel
+from torch_sentinel import SentinelError
+
+
+def _opt(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+@pytest.mark.parametrize(
+    ("model", "optimizer", "error", "match"),
+    [
+        (lambda: "not a model", lambda m: None, TypeError, r"expected an nn\.Module.*\n.*arrived:\s+builtins\.str"),
+        (MLP, lambda m: torch.optim.SGD, TypeError, r"expected a torch\.optim\.Optimizer.*\n.*arrived:\s+type"),
+        (MLP, lambda m: [_opt(m), "x"], TypeError, r"a sequence containing SGD, str"),
+        (MLP, lambda m: m.state_dict(), TypeError, r"not its class, a scheduler, or its state_dict"),
+    ],
+    ids=["model-not-module", "optimizer-class", "optimizer-list-with-str", "optimizer-state-dict"],
+)
+def test_attach_rejects_bad_objects(model, optimizer, error, match) -> None:
+    m = model()
+    with pytest.raises(error, match=match):
+        torch_sentinel.attach(m, optimizer(m))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"check": "sometimes"}, r"check='sometimes' is not valid: expected one of 'auto', 'immediate', 'deferred'"),
+        ({"on_nonfinite": "ignore"}, r"on_nonfinite='ignore' is not valid: expected one of 'raise', 'warn', 'record'"),
+        ({"flush_every": 0}, r"flush_every must be a positive int, got 0"),
+        ({"log_every": "2"}, r"log_every must be a positive int"),
+        ({"update_every": -1}, r"update_every must be an int >= 0"),
+    ],
+    ids=["check", "on_nonfinite", "flush_every", "log_every", "update_every"],
+)
+def test_attach_rejects_bad_option_values(kwargs, match) -> None:
+    m = MLP()
+    with pytest.raises(ValueError, match=match):
+        torch_sentinel.attach(m, _opt(m), **kwargs)
+
+
+def test_attach_rejects_unknown_option() -> None:
+    m = MLP()
+    with pytest.raises(TypeError, match=r"unknown option\(s\) flush_evry; expected some of .*flush_every"):
+        torch_sentinel.attach(m, _opt(m), flush_evry=3)
+
+
+def test_env_overrides_policy_and_bad_env_value_lists_valid_ones(monkeypatch) -> None:
+    m = MLP()
+    monkeypatch.setenv("TORCH_SENTINEL_ON_NONFINITE", "record")
+    with torch_sentinel.attach(m, _opt(m), on_nonfinite="raise") as s:
+        assert s.options.on_nonfinite == "record"
+    monkeypatch.setenv("TORCH_SENTINEL_ON_NONFINITE", "explode")
+    with pytest.raises(ValueError, match=r"\$TORCH_SENTINEL_ON_NONFINITE.*'raise', 'warn', 'record'"):
+        torch_sentinel.attach(m, _opt(m))
+
+
+def test_attaching_twice_is_an_error_until_detached() -> None:
+    m = MLP()
+    opt = _opt(m)
+    s = torch_sentinel.attach(m, opt)
+    with pytest.raises(SentinelError, match=r"already attached to this MLP.*\n.*expected:\s+one sentinel per model"):
+        torch_sentinel.attach(m, opt)
+    s.detach()
+    torch_sentinel.attach(m, opt).detach()
+
+
+def test_optimizer_without_model_parameters_warns() -> None:
+    m = MLP()
+    other = _opt(MLP())
+    with pytest.warns(UserWarning, match=r"holds none of the model's parameters"):
+        torch_sentinel.attach(m, other).detach()
+
+
+def _hook_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    state = {}
+    for name, mod in model.named_modules():
+        state[name] = (
+            dict(mod._forward_hooks), dict(mod._forward_pre_hooks), dict(mod._backward_hooks),
+            dict(getattr(mod, "_forward_hooks_always_called", {})),
+        )
+    state["opt"] = (dict(opt._optimizer_step_pre_hooks), dict(opt._optimizer_step_post_hooks))
+    return state
+
+
+def test_detach_restores_model_optimizer_and_patches_exactly() -> None:
+    torch.manual_seed(0)
+    m = MLP()
+    opt = _opt(m)
+    before = _hook_state(m, opt)
+    backward = torch.autograd.backward
+    scale = torch.amp.GradScaler.__dict__["scale"]
+    step = torch.amp.GradScaler.__dict__["step"]
+    relu = nn.functional.relu
+    s = torch_sentinel.attach(m, opt)
+    assert torch.autograd.backward is not backward
+    train(m, opt, "mlp", 3)
+    s.detach()
+    s.detach()  # idempotent
+    assert _hook_state(m, opt) == before
+    assert torch.autograd.backward is backward
+    assert torch.amp.GradScaler.__dict__["scale"] is scale
+    assert torch.amp.GradScaler.__dict__["step"] is step
+    assert nn.functional.relu is relu
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "transformer"], ids=["mlp", "cnn", "transformer"])
+def test_training_is_bit_identical_with_and_without_the_sentinel(kind: str) -> None:
+    def run(attach: bool):
+        torch.manual_seed(0)
+        model = MODELS[kind]()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        s = torch_sentinel.attach(model, opt) if attach else None
+        losses = train(model, opt, kind, 6)
+        if s is not None:
+            s.detach()
+        return losses, copy.deepcopy(model.state_dict()), opt.state_dict()
+
+    bare_losses, bare_state, bare_opt = run(False)
+    losses, state, opt_state = run(True)
+    assert losses == bare_losses
+    assert state.keys() == bare_state.keys()
+    for k in state:
+        assert torch.equal(state[k], bare_state[k]), k
+    assert opt_state["param_groups"] == bare_opt["param_groups"]
+    assert opt_state["state"].keys() == bare_opt["state"].keys()
+
+
+def test_context_manager_detaches_and_report_survives() -> None:
+    m = MLP()
+    opt = _opt(m)
+    with torch_sentinel.attach(m, opt) as s:
+        train(m, opt, "mlp", 3)
+    assert not s.attached
+    assert not m.fc1._forward_hooks
+    report = s.report()
+    assert report.steps == 3
+    assert report.ok, str(report)
+    assert report.next_check == "continue_training_or_collect_more_evidence"
+
+
+def test_step_counts_optimizer_steps_and_is_zero_based() -> None:
+    m = MLP()
+    opt = _opt(m)
+    with torch_sentinel.attach(m, opt) as s:
+        assert s.step == 0
+        train(m, opt, "mlp", 4)
+        assert s.step == 4
+
+
+def test_public_api_is_explicit() -> None:
+    assert "attach" in torch_sentinel.__all__
+    for name in torch_sentinel.__all__:
+        assert hasattr(torch_sentinel, name), name
+    assert torch_sentinel.BOUNDARIES == ("data", "shapes", "forward", "loss", "gradients", "updates", "curves")
+    assert issubclass(torch_sentinel.NonFiniteError, torch_sentinel.SentinelError)
+    assert issubclass(torch_sentinel.SentinelError, RuntimeError)
+
+
+def test_forward_only_attach_without_optimizer_is_quiet() -> None:
+    m = MLP()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch_sentinel.attach(m) as s:
+            with torch.no_grad():
+                m(torch.randn(4, 20))
+            m(torch.randn(4, 20)).sum().backward()
+    assert s.report().ok

@@ -1,0 +1,65 @@
+"""Statistics of the model's main input, reduced on the device on sampled steps.
+
+Mean and std go into ledger slots (one ``std_mean``); for tabular inputs ``(batch, features)``
+a per-feature "varied within some batch" mask is OR-ed over the window, so a feature that is
+constant in every batch (std 0: a broken join, a filled column) shows up. No host read.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import torch
+
+from .transfer import AsyncFetch
+
+__all__ = ["InputStats"]
+
+#: Feature masks are only kept for tabular inputs this wide or narrower (bounded memory).
+_MAX_FEATURES = 1 << 16
+
+
+class InputStats:
+    def __init__(self, first: int = 5, every: int = 10) -> None:
+        self.first = first
+        self.every = every
+        self.varied: Optional[torch.Tensor] = None
+        self.mask_steps = 0
+        self._collector: Optional[weakref.ref[Any]] = None
+        self._slots = (0, 0)
+        self._masked_step = -1
+
+    def install(self, collector: Any) -> None:
+        self._collector = weakref.ref(collector)
+        block = collector.ledger.add_block("input_stats", ["mean", "std"])
+        self._slots = (block.start, block.start + 1)
+        collector.input_taps.append(self._on_input)
+
+    def _on_input(self, t: torch.Tensor) -> None:
+        c = self._collector() if self._collector is not None else None
+        if c is None or not (c.step < self.first or c.step % self.every == 0):
+            return
+        views = c.ledger.views
+        with torch.no_grad():
+            x = t if t.dtype in (torch.float32, torch.float64) else t.float()
+            std, mean = torch.std_mean(x) if x.numel() > 1 else (torch.zeros((), device=x.device), x.reshape(()))
+            views[self._slots[0]].copy_(mean)
+            views[self._slots[1]].copy_(std)
+            c.meta.extra["input_stats"] = True
+            if x.ndim == 2 and 2 <= x.shape[1] <= _MAX_FEATURES and x.shape[0] > 1:
+                if self.varied is None or self.varied.shape[0] != x.shape[1]:
+                    self.varied = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)
+                    self.mask_steps = 0
+                lo, hi = torch.aminmax(x, dim=0)
+                torch.logical_or(self.varied, hi > lo, out=self.varied)
+                if self._masked_step != c.step:
+                    self._masked_step = c.step
+                    self.mask_steps += 1
+
+    def snapshot(self, min_steps: int) -> Optional[tuple[int, AsyncFetch]]:
+        """A non-blocking copy of the constant-feature mask once ``min_steps`` sampled steps
+        have been seen; the mask then keeps accumulating (a feature that varies once is fine)."""
+        if self.varied is None or self.mask_steps < min_steps:
+            return None
+        return self.mask_steps, AsyncFetch([self.varied.clone()])

@@ -1,0 +1,141 @@
+"""What the loss function was given: shapes (host facts) and a probability probe (device).
+
+``torch.nn.functional`` losses are observed through the shared function patches; the
+``nn.*Loss`` modules call them, so both spellings are seen. Only training calls count (grad
+enabled, input requiring grad): a validation loss under ``no_grad`` is not a training fault.
+
+Per sampled step the probe reduces, on the device, the input's min and max and the largest
+deviation of a row sum (over the class dim) from 1 into ledger slots: a tensor of non-negative
+rows that sum to 1 is a probability distribution, not logits.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
+
+from .patches import patch_for
+
+__all__ = ["BROADCAST_LOSSES", "LOGIT_LOSSES", "BroadcastEvent", "LossInputs"]
+
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", lambda: False
+)
+
+#: Element-wise losses that broadcast a mismatched target instead of refusing it.
+BROADCAST_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")
+#: Losses that expect logits (or log-probabilities, for nll_loss) along dim 1.
+LOGIT_LOSSES = ("cross_entropy", "nll_loss", "binary_cross_entropy_with_logits")
+
+_PROB_MODULES = (nn.Softmax, nn.Sigmoid, nn.Softmax2d)
+
+
+class BroadcastEvent:
+    __slots__ = ("broadcast_shape", "function", "input_shape", "step", "target_shape")
+
+    def __init__(self, step: int, function: str, input_shape: tuple[int, ...], target_shape: tuple[int, ...],
+                 broadcast_shape: tuple[int, ...]) -> None:
+        self.step = step
+        self.function = function
+        self.input_shape = input_shape
+        self.target_shape = target_shape
+        self.broadcast_shape = broadcast_shape
+
+
+class _Listener:
+    def __init__(self, owner: LossInputs, function: str) -> None:
+        self.owner = owner
+        self.function = function
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.owner.on_loss(self.function, args, kwargs)
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        return None
+
+
+class LossInputs:
+    """Shared by the loss-side detectors: one instance per run, kept in ``RunContext.extras``."""
+
+    def __init__(self, probe_first: int = 5, probe_every: int = 10) -> None:
+        self.probe_first = probe_first
+        self.probe_every = probe_every
+        self.broadcasts: list[BroadcastEvent] = []
+        #: Classes seen by cross_entropy / nll_loss (for "stuck at chance level").
+        self.classes: Optional[int] = None
+        self._collector: Optional[weakref.ref[Any]] = None
+        self._prob_outputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._slots: tuple[int, int, int] = (0, 0, 0)
+
+    @classmethod
+    def shared(cls, extras: dict[str, Any], collector: Any) -> LossInputs:
+        inst = extras.get("loss_inputs")
+        if inst is None:
+            inst = extras["loss_inputs"] = cls()
+            inst.install(collector)
+        return inst  # type: ignore[no-any-return]
+
+    def install(self, collector: Any) -> None:
+        self._collector = weakref.ref(collector)
+        lo, hi = collector.ledger.add_minmax_block("loss_input", ["values", "rowsum_dev"])
+        self._slots = (lo.start, hi.start, hi.start + 1)
+        F = torch.nn.functional
+        for name in BROADCAST_LOSSES + LOGIT_LOSSES:
+            if hasattr(F, name):
+                collector.hooks.subscribe(patch_for(F, name), _Listener(self, name))
+        for mname, m in collector.map.modules:
+            if isinstance(m, _PROB_MODULES):
+                collector.output_taps.setdefault(id(m), []).append(self._on_prob_output)
+        self._names = {id(m): name for name, m in collector.map.modules}
+
+    def _on_prob_output(self, module: nn.Module, t: torch.Tensor) -> None:
+        if not _is_compiling():
+            self._prob_outputs[t] = self._names.get(id(module), "")
+
+    def on_loss(self, function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._collector() if self._collector is not None else None
+        if c is None or c.disabled or _is_compiling() or not torch.is_grad_enabled():
+            return
+        x = args[0] if args else kwargs.get("input")
+        y = args[1] if len(args) > 1 else kwargs.get("target")
+        if not isinstance(x, torch.Tensor) or not x.requires_grad:
+            return
+        if function in BROADCAST_LOSSES and isinstance(y, torch.Tensor) and x.shape != y.shape:
+            self._check_broadcast(c.step, function, tuple(x.shape), tuple(y.shape))
+        if function in LOGIT_LOSSES and x.is_floating_point() and x.numel():
+            if function != "binary_cross_entropy_with_logits" and x.ndim >= 2:
+                self.classes = int(x.shape[1])
+            if c.step < self.probe_first or c.step % self.probe_every == 0:
+                self._probe(c, function, x)
+
+    def _check_broadcast(self, step: int, function: str, xs: tuple[int, ...], ys: tuple[int, ...]) -> None:
+        try:
+            out = tuple(torch.broadcast_shapes(xs, ys))
+        except RuntimeError:
+            return  # the loss itself raises on this mismatch
+        if len(self.broadcasts) < 16:
+            self.broadcasts.append(BroadcastEvent(step, function, xs, ys, out))
+
+    def _probe(self, c: Any, function: str, x: torch.Tensor) -> None:
+        views = c.ledger.views
+        lo, hi, dev_hi = self._slots
+        with torch.no_grad():
+            d = x.detach()
+            mn, mx = torch.aminmax(d)
+            torch.minimum(views[lo], mn.float(), out=views[lo])
+            torch.maximum(views[hi], mx.float(), out=views[hi])
+            if function != "binary_cross_entropy_with_logits":
+                dim = 1 if d.ndim >= 2 else 0
+                dev = (d.float().sum(dim=dim) - 1.0).abs().amax()
+                torch.maximum(views[dev_hi], dev, out=views[dev_hi])
+        meta = c.meta
+        meta.extra["loss_probe"] = function
+        producer = self._prob_outputs.get(x)
+        if producer is not None:
+            meta.extra["loss_input_module"] = producer
+        elif x.grad_fn is not None:
+            meta.extra["loss_input_op"] = type(x.grad_fn).__name__

@@ -1,0 +1,154 @@
+"""Per-unit ReLU liveness on the device, for ``nn.ReLU`` modules and functional ReLUs alike.
+
+Every ReLU applied in a training forward is seen through the shared function patches of
+``torch.relu``, ``torch.relu_``, ``F.relu``, ``F.relu_``, ``Tensor.relu`` and ``Tensor.relu_``
+(``nn.ReLU`` calls ``F.relu``, which calls ``torch.relu``: one call is counted once). The call is
+attributed to the innermost attached module whose ``forward`` is on the stack, so a ReLU written
+as ``F.relu(self.fc(x))`` inside ``Block.forward`` is reported as ``Block``'s.
+
+Each site keeps a boolean "fired at least once" mask per unit on the device, OR-ed over the
+steps of a window: one ``amax`` and one ``logical_or`` per call, no host read. Units are
+features (last dim) for Linear-like outputs and channels (dim 1) for conv outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+
+from .patches import patch_for
+from .records import StepMeta
+from .transfer import AsyncFetch
+
+__all__ = ["ReluSite", "ReluWatch"]
+
+_is_compiling: Callable[[], bool] = getattr(
+    getattr(torch, "compiler", None), "is_compiling", lambda: False
+)
+
+#: How far up the stack to look for the module that applied the ReLU: the listener, the patch
+#: wrapper, F.relu and its wrapper, nn.ReLU.forward and Module._call_impl fit in eight frames.
+_FRAME_DEPTH = 8
+
+
+def _relu_functions() -> list[tuple[Any, str]]:
+    F = torch.nn.functional
+    return [(torch, "relu"), (torch, "relu_"), (F, "relu"), (F, "relu_"),
+            (torch.Tensor, "relu"), (torch.Tensor, "relu_")]
+
+
+class ReluSite:
+    """One (module, unit layout) where ReLUs are applied."""
+
+    __slots__ = ("alive", "module", "steps", "unit_dim")
+
+    def __init__(self, module: str, unit_dim: int, alive: torch.Tensor) -> None:
+        self.module = module
+        self.unit_dim = unit_dim
+        self.alive = alive
+        self.steps = 0
+
+
+class ReluWatch:
+    """Installs the ReLU patches and owns the per-site alive masks."""
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = max(1, int(every))
+        self.sites: dict[tuple[str, int, int], ReluSite] = {}
+        self._modules: dict[int, str] = {}
+        self._collector: Optional[weakref.ref[Any]] = None
+        self._last: Optional[weakref.ref[torch.Tensor]] = None
+        self._touched: set[tuple[str, int, int]] = set()
+        self._conv1d_shapes: set[tuple[int, ...]] = set()
+
+    def install(self, collector: Any) -> None:
+        self._collector = weakref.ref(collector)
+        self._modules = {id(m): name for name, m in collector.map.modules}
+        for owner, attr in _relu_functions():
+            collector.hooks.subscribe(patch_for(owner, attr), self)
+        for _, m in collector.map.modules:
+            if isinstance(m, nn.Conv1d):
+                collector.output_taps.setdefault(id(m), []).append(self._on_conv1d)
+        collector.row_taps.append(self._on_row)
+
+    # -- patch listener -----------------------------------------------------------------
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        return None
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        c = self._collector() if self._collector is not None else None
+        if c is None or c.disabled or not isinstance(result, torch.Tensor):
+            return
+        if not torch.is_grad_enabled() or _is_compiling() or c.step % self.every:
+            return
+        last = self._last() if self._last is not None else None
+        if last is result:
+            return  # the same call seen again by an outer wrapper (nn.ReLU -> F.relu -> torch.relu)
+        self._last = weakref.ref(result)
+        if result.ndim < 2 or not result.is_floating_point() or result.numel() == 0:
+            return
+        module = self._caller()
+        if module is None:
+            return  # applied outside the model (e.g. in the loop): not a unit of the network
+        self._reduce(module, result)
+
+    def _caller(self) -> Optional[str]:
+        frame = sys._getframe(2)
+        for _ in range(_FRAME_DEPTH):
+            if frame is None:
+                return None
+            if "self" in frame.f_code.co_varnames[: frame.f_code.co_argcount]:
+                name = self._modules.get(id(frame.f_locals.get("self")))
+                if name is not None:
+                    return name
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
+
+    def _unit_dim(self, t: torch.Tensor) -> int:
+        if t.ndim >= 4 or (t.ndim == 3 and tuple(t.shape) in self._conv1d_shapes):
+            return 1
+        return t.ndim - 1
+
+    def _reduce(self, module: str, t: torch.Tensor) -> None:
+        dim = self._unit_dim(t)
+        units = int(t.shape[dim])
+        key = (module, dim if dim == 1 else -1, units)
+        site = self.sites.get(key)
+        if site is None:
+            site = self.sites[key] = ReluSite(module, key[1], torch.zeros(units, dtype=torch.bool, device=t.device))
+        dims = tuple(d for d in range(t.ndim) if d != dim)
+        with torch.no_grad():
+            fired = t.detach().amax(dim=dims) > 0
+            torch.logical_or(site.alive, fired, out=site.alive)
+        self._touched.add(key)
+
+    def _on_conv1d(self, module: nn.Module, t: torch.Tensor) -> None:
+        if t.ndim == 3:
+            self._conv1d_shapes.add(tuple(t.shape))
+
+    def _on_row(self, meta: StepMeta) -> None:
+        for key in self._touched:
+            self.sites[key].steps += 1
+        self._touched.clear()
+        self._conv1d_shapes.clear()
+
+    # -- windows ------------------------------------------------------------------------
+    def snapshot(self, min_steps: int) -> Optional[tuple[list[ReluSite], list[int], AsyncFetch]]:
+        """Start a non-blocking copy of the dead fraction and alive mask of every site that has
+        seen ``min_steps`` sampled steps, and reset those sites for the next window."""
+        ready = [s for s in self.sites.values() if s.steps >= min_steps]
+        if not ready:
+            return None
+        with torch.no_grad():
+            # The per-site dead fraction is computed on the device; only the result travels.
+            dead = torch.stack([1.0 - s.alive.float().mean() for s in ready])
+            fetch = AsyncFetch([dead, *[s.alive for s in ready]])
+        steps = [s.steps for s in ready]
+        for s in ready:
+            s.alive.zero_()
+            s.steps = 0
+        return ready, steps, fetch
