@@ -11,6 +11,8 @@ from ._api import Sentinel, attach
 from ._errors import InstrumentationError, NonFiniteError, SentinelError, ShapeContractError
 from ._findings import BOUNDARIES, Finding
 from .diagnosis import Report
+from .repro import check_determinism, replay, seed_everything
+from .shapes import check_shapes, expect
 
 __version__ = "0.1.0"
 
@@ -25,4 +27,9 @@ __all__ = [
     "ShapeContractError",
     "__version__",
     "attach",
+    "check_determinism",
+    "check_shapes",
+    "expect",
+    "replay",
+    "seed_everything",
 ]
