@@ -21,7 +21,7 @@ from torch import nn
 from ._collect.collector import Collector, Fault
 from ._collect.model_map import unwrap_model
 from ._collect.records import StepRecord
-from ._compile import HookLiveness
+from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
 from ._errors import NonFiniteError, SentinelError, format_message
 from ._findings import Finding
@@ -115,7 +115,9 @@ class Sentinel:
         self._ranks = RankSync.maybe(
             options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
         )
-        self._liveness = HookLiveness(type(self._root).__name__, options.blind_hooks)
+        self._liveness = HookLiveness.for_collector(
+            c, self.context.param_owner, type(self._root).__name__, options.blind_hooks
+        )
         self.manifest: dict[str, Any] = {}
         # Fills the manifest before the sinks read it; writes manifest.json; incident bundles.
         self._run_record = RunRecord(self, _rank_log_dir(options.log_dir, self.rank, options.per_rank_logs))
@@ -139,7 +141,7 @@ class Sentinel:
         for d in self._detectors:
             at_attach = getattr(d, "at_attach", None)
             if at_attach is not None:
-                self._add_findings(at_attach())
+                self._add_findings(at_attach(), write=True)
 
     # ------------------------------------------------------------------ public
     @property
@@ -192,7 +194,7 @@ class Sentinel:
         """
         self.flush()
         for d in self._detectors:
-            self._add_findings(d.finish())
+            self._add_findings(d.finish(), write=True)
         findings = list(self._findings)
         if all_ranks is None:
             all_ranks = self._ranks is not None
@@ -217,6 +219,10 @@ class Sentinel:
                 self.flush()
         finally:
             self._detached = True
+            # Verdicts that need the whole run reach the sinks (findings.jsonl, TensorBoard)
+            # even when report() is never called; findings already reported are not repeated.
+            for d in self._detectors:
+                self._safe(self._finish_detector, d)
             self._collector.close()
             self._safe(self._run_record.close)
             for sink in self._sinks:
@@ -250,7 +256,7 @@ class Sentinel:
     def _on_immediate_fault(self, fault: Fault) -> None:
         if self._nonfinite_reported:
             return
-        self._handle_fault(fault)
+        self._handle_fault(first_fault_in_row(self._collector, self.context, self._core_width, fault))
 
     def _handle_fault(self, fault: Fault) -> None:
         if self._ranks is not None:
@@ -304,6 +310,9 @@ class Sentinel:
                     write_stats = getattr(sink, "write_stats", None)
                     if write_stats is not None:
                         self._safe(write_stats, records[-1].step, stats)
+
+    def _finish_detector(self, detector: Any) -> None:
+        self._add_findings(detector.finish(), write=True)
 
     def _add_findings(self, findings: Any, write: bool = False) -> list[Finding]:
         added = []

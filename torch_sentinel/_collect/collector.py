@@ -560,6 +560,10 @@ class Collector:
         meta = self.meta
         for tap in self.row_taps:
             tap(meta)
+        if self.ledger.current.numel() > self.ring.width:
+            # The row grew since the ring was sized (a detector's block added at attach, or a
+            # module first called late): hand over the narrower rows, then widen the ring.
+            self.drain(block=True)
         self.ring.push(self.ledger.current, meta)
         self.ledger.reset()
         self.step += 1

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol
 
@@ -10,6 +14,8 @@ from .._collect.records import StepRecord
 from .._findings import Finding
 
 __all__ = ["Sink", "SinkContext", "build_sinks"]
+
+logger = logging.getLogger("torch_sentinel")
 
 
 @dataclasses.dataclass
@@ -23,6 +29,29 @@ class SinkContext:
     manifest: dict[str, Any] = dataclasses.field(default_factory=dict)
     module_names: list[str] = dataclasses.field(default_factory=list)
     param_owner: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Set once a write under log_dir failed and the user was warned.
+    log_dir_failed: bool = False
+    _lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, repr=False, compare=False
+    )
+
+    def log_dir_failure(self, what: str, exc: BaseException) -> None:
+        """Warn once per run that the log directory failed, from whichever sink saw it first.
+
+        Losing logs must never stop training, and a full disk makes every sink fail at once: one
+        warning says it all, the rest would be noise.
+        """
+        with self._lock:
+            if self.log_dir_failed:
+                return
+            self.log_dir_failed = True
+        message = (
+            f"torch_sentinel cannot write to log_dir {self.log_dir!r} ({what}: "
+            f"{type(exc).__name__}: {exc}). Training continues; TensorBoard and findings.jsonl "
+            "stop here, and every finding stays available from sentinel.report()."
+        )
+        logger.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
 
 
 class Sink(Protocol):
@@ -38,22 +67,28 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
+def _prepare_log_dir(ctx: SinkContext) -> bool:
+    """Create the log directory up front, so an unwritable one is reported at attach()."""
+    assert ctx.log_dir is not None
+    try:
+        os.makedirs(ctx.log_dir, exist_ok=True)
+        if not os.access(ctx.log_dir, os.W_OK | os.X_OK):
+            raise PermissionError(f"no write permission on {ctx.log_dir!r}")
+    except OSError as exc:
+        ctx.log_dir_failure("creating the directory", exc)
+        return False
+    return True
+
+
 def build_sinks(ctx: SinkContext) -> list[Sink]:
     """The sinks for a run: console logging always; TensorBoard and JSONL with a log_dir."""
-    sinks: list[Sink] = []
-    try:
-        from .console import ConsoleSink
-    except ImportError:  # pragma: no cover - sink not built yet
-        pass
-    else:
-        sinks.append(ConsoleSink(ctx))
-    if ctx.log_dir is not None and ctx.is_writer:
-        try:
-            from .jsonl import JsonlSink
-            from .tensorboard import TensorBoardSink
-        except ImportError:  # pragma: no cover - sink not built yet
-            pass
-        else:
-            sinks.append(JsonlSink(ctx))
-            sinks.append(TensorBoardSink(ctx))
+    from .console import ConsoleSink
+
+    sinks: list[Sink] = [ConsoleSink(ctx)]
+    if ctx.log_dir is not None and ctx.is_writer and _prepare_log_dir(ctx):
+        from .jsonl import JsonlSink
+        from .tensorboard import TensorBoardSink
+
+        sinks.append(JsonlSink(ctx))
+        sinks.append(TensorBoardSink(ctx))
     return sinks

@@ -1,0 +1,373 @@
+"""TensorBoard: what the sentinel saw, as scalars, findings text, the manifest and a dashboard.
+
+The training thread only enqueues windows of step records (host numpy already, copied out of
+the ring) and findings; a daemon thread turns them into tags and calls ``SummaryWriter``.
+Tags are stable and hierarchical; see ``docs/tensorboard.md`` for the list.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+from .._collect.records import StepRecord
+from .._findings import Finding
+from ..diagnosis.ladder import HYPOTHESES, next_check_for
+from .base import SinkContext
+
+__all__ = ["LAYOUT", "ROOT_TAG", "StepScalars", "TensorBoardSink"]
+
+logger = logging.getLogger("torch_sentinel")
+
+#: How the root module (whose qualified name is empty) appears in tags.
+ROOT_TAG = "<model>"
+
+#: The custom-scalars dashboard. Tags in charts are regular expressions.
+LAYOUT: dict[str, dict[str, list[Any]]] = {
+    "loss & lr": {
+        "loss": ["Multiline", ["loss/train", "loss/validation"]],
+        "learning rate": ["Multiline", [r"lr/.*"]],
+    },
+    "gradients": {
+        "global gradient norm": ["Multiline", ["grad_norm/global"]],
+        "gradient norm per layer": ["Multiline", [r"grad_norm/(?!global$).*"]],
+    },
+    "updates": {
+        "update/weight ratio": ["Multiline", [r"update_ratio/.*"]],
+        "AMP": ["Multiline", [r"amp/.*"]],
+    },
+    "activations": {
+        "activation |max| per module": ["Multiline", [r"activation_absmax/.*"]],
+        "dead-unit fraction per ReLU": ["Multiline", [r"dead_fraction/.*"]],
+        "non-finite slots per boundary": ["Multiline", [r"nonfinite/.*"]],
+    },
+}
+
+#: Which ledger blocks hold the evidence of each boundary, for the non-finite counts.
+_NONFINITE_BLOCKS: dict[str, tuple[str, ...]] = {
+    "data": ("data.min", "data.max"),
+    "forward": ("act.min", "act.max"),
+    "loss": ("loss",),
+    "gradients": ("outgrad.min", "outgrad.max", "grad_norm"),
+    "updates": ("param_norm", "update_norm"),
+}
+
+#: Detector statistics that also get a short tag: (prefix, suffix) -> alias prefix.
+#: The dead_relu detector reports ``<module>.dead_fraction``; it shows as ``dead_fraction/<module>``.
+_STAT_ALIASES = {("detector/dead_relu/", ".dead_fraction"): "dead_fraction/"}
+
+_MAX_HPARAMS = 200
+
+
+def module_tag(name: str) -> str:
+    return name or ROOT_TAG
+
+
+class StepScalars:
+    """Turns one :class:`StepRecord` into ``(tag, value)`` pairs: pure host numpy, no writer.
+
+    Per-module figures aggregate the per-parameter slots over each module's own parameters
+    (sqrt of the sum of squares), so ``grad_norm/<module>`` is the norm of that module's
+    gradient and ``grad_norm/global`` the norm of the whole model's.
+    """
+
+    def __init__(self, param_owner: dict[str, str]) -> None:
+        self.param_owner = param_owner
+        self._keys: Optional[list[str]] = None
+
+    def _layout(self, keys: list[str]) -> None:
+        """Group parameter slots by owning module once; the parameter blocks never change."""
+        self._keys = keys
+        self._index = {k: i for i, k in enumerate(keys)}
+        owners = [self.param_owner.get(k, k.rpartition(".")[0]) for k in keys]
+        self._modules = list(dict.fromkeys(owners))
+        pos = {m: i for i, m in enumerate(self._modules)}
+        self._owner_idx = np.array([pos[o] for o in owners], dtype=np.int64)
+        self._module_tags = [module_tag(m) for m in self._modules]
+
+    def scalars(
+        self, record: StepRecord, module_names: Sequence[str], amp_skipped: Optional[int] = None
+    ) -> Iterator[tuple[str, float]]:
+        """``amp_skipped`` is the count of steps the GradScaler skipped so far, None before any
+        AMP step (the AMP tags then stay absent)."""
+        meta = record.meta
+        loss = record.loss
+        if loss is not None:
+            yield "loss/train", loss
+        for name, lr in zip(meta.lr_names, meta.lrs):
+            if lr is not None:
+                yield f"lr/{name}", lr
+        if record.has("grad_norm"):
+            yield from self._param_scalars(record)
+        if record.has("act.min"):
+            lo, hi = record.array("act.min"), record.array("act.max")
+            absmax = np.maximum(np.abs(lo), np.abs(hi))
+            # A module that did not run this step keeps its slots at (+max, -max): lo > hi.
+            for i in np.flatnonzero(~(lo > hi)).tolist():
+                if i < len(module_names):
+                    yield f"activation_absmax/{module_tag(module_names[i])}", float(absmax[i])
+        for boundary, blocks in _NONFINITE_BLOCKS.items():
+            bad = sum(int((~np.isfinite(record.array(b))).sum()) for b in blocks if record.has(b))
+            yield f"nonfinite/{boundary}", float(bad)
+        if amp_skipped is not None:
+            yield "amp/skipped_steps", float(amp_skipped)
+            if meta.amp and record.has("misc"):
+                scale = record.value("misc", "amp_scale")
+                if scale > 0:
+                    yield "amp/loss_scale", scale
+
+    def _param_scalars(self, record: StepRecord) -> Iterator[tuple[str, float]]:
+        keys = record.keys("grad_norm")
+        if self._keys is not keys and self._keys != keys:
+            self._layout(keys)
+        n_modules = len(self._modules)
+        present = np.ones(len(keys), dtype=bool)
+        for name in record.meta.grad_missing:
+            j = self._index.get(name)
+            if j is not None:
+                present[j] = False
+        if present.any():
+            g = record.array("grad_norm").astype(np.float64)
+            sq = np.bincount(self._owner_idx[present], weights=g[present] ** 2, minlength=n_modules)
+            has = np.bincount(self._owner_idx[present], minlength=n_modules) > 0
+            yield "grad_norm/global", math.sqrt(float(sq.sum()))
+            for i in np.flatnonzero(has).tolist():
+                yield f"grad_norm/{self._module_tags[i]}", math.sqrt(float(sq[i]))
+        if record.meta.updates_sampled and record.has("update_norm"):
+            u = record.array("update_norm").astype(np.float64)
+            w = record.array("param_norm").astype(np.float64)
+            usq = np.bincount(self._owner_idx, weights=u**2, minlength=n_modules)
+            wsq = np.bincount(self._owner_idx, weights=w**2, minlength=n_modules)
+            if wsq.sum() > 0:
+                yield "update_ratio/global", math.sqrt(float(usq.sum()) / float(wsq.sum()))
+            for i in np.flatnonzero(wsq > 0).tolist():
+                yield f"update_ratio/{self._module_tags[i]}", math.sqrt(float(usq[i] / wsq[i]))
+
+
+def finding_markdown(findings: Sequence[Finding]) -> str:
+    """Findings of one kind at one step, as the text plugin's markdown."""
+    parts = []
+    for f in findings:
+        where = f" in `{module_tag(f.module)}`" if f.module is not None else ""
+        lines = [
+            f"**[{f.severity}] {f.kind}** ({f.boundary}){where}",
+            "",
+            f.message.replace("\n", "  \n"),
+        ]
+        if f.evidence:
+            ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
+            lines += ["", f"evidence: `{ev}`"]
+        if f.kind in HYPOTHESES:
+            lines += ["", f"hypothesis: {HYPOTHESES[f.kind]}"]
+        if f.is_fault:
+            lines += ["", f"next check: `{next_check_for([f])}`"]
+        parts.append("\n".join(lines))
+    return "\n\n---\n\n".join(parts)
+
+
+def flat_hparams(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's scalar leaves as ``a/b/c`` keys, the types the HParams plugin takes."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if len(out) >= _MAX_HPARAMS:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}/{k}" if prefix else str(k), v)
+        elif isinstance(value, (bool, int, float, str)):
+            out[prefix] = value
+        elif value is not None:
+            out[prefix] = json.dumps(value, default=str)
+
+    walk("", manifest)
+    return out
+
+
+class _Row(NamedTuple):
+    """A record to write: ``full`` for every tag, else only its validation loss."""
+
+    record: StepRecord
+    full: bool
+    amp_skipped: Optional[int]
+
+
+class TensorBoardSink:
+    """Streams the run to ``log_dir`` through ``torch.utils.tensorboard.SummaryWriter``.
+
+    Steps with ``step % log_every == 0`` are written, plus the last step seen, so a run's end
+    always shows; validation losses are written at every step that has one, since they are
+    sparse already. Writing happens on a daemon thread; :meth:`close` drains it.
+    """
+
+    def __init__(self, ctx: SinkContext, *, max_pending: int = 256) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        assert ctx.log_dir is not None
+        self.ctx = ctx
+        self._scalars = StepScalars(ctx.param_owner)
+        self._last: Optional[_Row] = None
+        self._last_logged = -1
+        self._amp_skipped: Optional[int] = None
+        self._manifest_sent = False
+        self._dropped = 0
+        self._failed = False
+        self._queue: queue.Queue[Optional[tuple[str, Any]]] = queue.Queue(max_pending)
+        self._writer: Any = None
+        try:
+            # flush_secs is long because the thread flushes after every window itself.
+            self._writer = SummaryWriter(log_dir=ctx.log_dir, flush_secs=600)
+            self._writer.add_custom_scalars(LAYOUT)
+        except Exception as exc:
+            self._fail(exc)
+        self._thread = threading.Thread(
+            target=self._run, name="torch_sentinel-tensorboard", daemon=True
+        )
+        if self._writer is not None:
+            self._thread.start()
+
+    # ------------------------------------------------------------------ training thread
+    def write(self, records: Sequence[StepRecord], findings: Sequence[Finding]) -> None:
+        if self._failed:
+            return
+        rows: list[_Row] = []
+        for r in records:
+            self._count_amp(r)
+            if r.step % self.ctx.log_every == 0:
+                rows.append(_Row(r, True, self._amp_skipped))
+                self._last_logged = r.step
+            elif r.validation is not None:
+                rows.append(_Row(r, False, None))
+        if records:
+            self._last = _Row(records[-1], True, self._amp_skipped)
+        if rows or findings or self._manifest_pending():
+            last_step = self._last.record.step if self._last else 0
+            self._put(("window", (rows, list(findings), last_step, self._manifest())))
+
+    def write_stats(self, step: int, stats: dict[str, float]) -> None:
+        if not self._failed:
+            self._put(("stats", (step, dict(stats))))
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        last = self._last
+        if not self._failed and last is not None and last.record.step > self._last_logged:
+            self._put(("window", ([last], [], last.record.step, self._manifest())))
+        self._put(None, block=True)
+        self._thread.join(timeout=60.0)
+        if self._thread.is_alive():
+            logger.warning(
+                "torch_sentinel: the TensorBoard writer did not finish within 60 s; "
+                "the last events may be missing"
+            )
+        if self._dropped:
+            logger.warning(
+                "torch_sentinel: TensorBoard fell behind and dropped %d window(s); "
+                "raise log_every or flush_every",
+                self._dropped,
+            )
+        self._writer = None
+
+    def _count_amp(self, record: StepRecord) -> None:
+        # Counted here, over every step, so that a logged step carries the true total so far.
+        if record.meta.amp and self._amp_skipped is None:
+            self._amp_skipped = 0
+        if record.meta.amp_skipped:
+            self._amp_skipped = (self._amp_skipped or 0) + 1
+
+    def _manifest_pending(self) -> bool:
+        return not self._manifest_sent and bool(self.ctx.manifest)
+
+    def _manifest(self) -> Optional[dict[str, Any]]:
+        """The manifest once it is filled (it may be after attach), as a private copy."""
+        if self._manifest_sent or not self.ctx.manifest:
+            return None
+        self._manifest_sent = True
+        return dict(json.loads(json.dumps(self.ctx.manifest, default=str)))
+
+    def _put(self, job: Optional[tuple[str, Any]], block: bool = False) -> None:
+        try:
+            self._queue.put(job, block=block, timeout=60.0 if block else None)
+        except queue.Full:
+            # Never make training wait for TensorBoard: drop the window and say so at close.
+            self._dropped += 1
+
+    # ------------------------------------------------------------------ writer thread
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                break
+            if self._failed:
+                continue
+            try:
+                if job[0] == "window":
+                    self._write_window(*job[1])
+                else:
+                    self._write_stats(*job[1])
+                self._writer.flush()
+            except Exception as exc:  # a full disk must not stop training
+                self._fail(exc)
+        try:
+            self._writer.close()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _write_window(
+        self,
+        rows: list[_Row],
+        findings: list[Finding],
+        last_step: int,
+        manifest: Optional[dict[str, Any]],
+    ) -> None:
+        w = self._writer
+        if manifest is not None:
+            self._write_manifest(manifest)
+        names = self.ctx.module_names
+        for row in rows:
+            record, step = row.record, row.record.step
+            if row.full:
+                for tag, value in self._scalars.scalars(record, names, row.amp_skipped):
+                    w.add_scalar(tag, value, step)
+            validation = record.validation
+            if validation is not None:
+                w.add_scalar("loss/validation", validation, step)
+        by_tag: dict[tuple[str, int], list[Finding]] = {}
+        for f in findings:
+            step = f.step if f.step is not None else last_step
+            by_tag.setdefault((f"findings/{f.kind}", step), []).append(f)
+        for (tag, step), group in by_tag.items():
+            w.add_text(tag, finding_markdown(group), step)
+
+    def _write_stats(self, step: int, stats: dict[str, float]) -> None:
+        for tag, value in stats.items():
+            self._writer.add_scalar(tag, value, step)
+            for (prefix, suffix), alias in _STAT_ALIASES.items():
+                if tag.startswith(prefix) and tag.endswith(suffix):
+                    name = tag[len(prefix) : len(tag) - len(suffix)]
+                    self._writer.add_scalar(alias + name, value, step)
+
+    def _write_manifest(self, manifest: dict[str, Any]) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        self._writer.add_text(
+            "run/manifest", "```json\n" + json.dumps(manifest, indent=2, default=str) + "\n```", 0
+        )
+        hp = flat_hparams(manifest)
+        if hp:
+            # Written into this run (add_hparams would start a new one); the metrics are
+            # the scalar tags already streamed.
+            for summary in hparams(hp, {"loss/train": 0.0, "loss/validation": 0.0}):
+                self._writer.file_writer.add_summary(summary)
+
+    def _fail(self, exc: BaseException) -> None:
+        self._failed = True
+        self.ctx.log_dir_failure("writing TensorBoard events", exc)
