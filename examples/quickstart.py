@@ -20,10 +20,13 @@ def main() -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     log_dir = tempfile.mkdtemp(prefix="sentinel_quickstart_")
 
+    teacher = torch.randn(20, 4)  # a learnable task: labels come from a fixed projection
+
     sentinel = torch_sentinel.attach(model, optimizer, log_dir=log_dir)  # the one line
     try:
         for step in range(60):
-            x, y = torch.randn(32, 20), torch.randint(0, 4, (32,))
+            x = torch.randn(32, 20)
+            y = (x @ teacher).argmax(dim=1)
             if step == 42:
                 x[5, 7] = math.nan  # a corrupt sample slips into the batch
             optimizer.zero_grad()

@@ -119,18 +119,19 @@ class Sentinel:
             c, self.context.param_owner, type(self._root).__name__, options.blind_hooks
         )
         self.manifest: dict[str, Any] = {}
+        sink_context = SinkContext(
+            log_dir=_rank_log_dir(options.log_dir, self.rank, options.per_rank_logs),
+            log_every=options.log_every,
+            rank=self.rank,
+            is_writer=self.rank in (None, 0) or options.per_rank_logs,
+            manifest=self.manifest,
+            module_names=c.module_names,
+            param_owner=self.context.param_owner,
+        )
         # Fills the manifest before the sinks read it; writes manifest.json; incident bundles.
-        self._run_record = RunRecord(self, _rank_log_dir(options.log_dir, self.rank, options.per_rank_logs))
+        self._run_record = RunRecord(self, sink_context)
         self._sinks = build_sinks(
-            SinkContext(
-                log_dir=_rank_log_dir(options.log_dir, self.rank, options.per_rank_logs),
-                log_every=options.log_every,
-                rank=self.rank,
-                is_writer=self.rank in (None, 0) or options.per_rank_logs,
-                manifest=self.manifest,
-                module_names=c.module_names,
-                param_owner=self.context.param_owner,
-            )
+            sink_context
         )
         try:
             c.install()

@@ -68,10 +68,6 @@ def test_unwritable_log_dir_sinks_warn_once(tmp_path: Path) -> None:
     assert len([w for w in caught if "log_dir" in str(w.message)]) == 1
 
 
-@pytest.mark.xfail(
-    reason="repro/manifest.write_manifest raises on an unwritable log_dir at attach (owner: repro)",
-    raises=OSError,
-)
 def test_unwritable_log_dir_warns_once_and_training_continues(tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+from ..sinks.base import SinkContext
 from .incident import IncidentRecorder
 from .manifest import build_manifest, finalize, write_manifest
 
@@ -18,18 +19,19 @@ class RunRecord:
     writer rank, and, with a ``log_dir``, installs the incident recorder. :meth:`close`
     completes the manifest with the run's final figures."""
 
-    def __init__(self, sentinel: Sentinel, log_dir: Optional[str]) -> None:
+    def __init__(self, sentinel: Sentinel, sink_context: SinkContext) -> None:
         self._sentinel = sentinel
         opts = sentinel.options
-        self.log_dir = log_dir
-        self.is_writer = sentinel.rank in (None, 0) or opts.per_rank_logs
+        self._sink_context = sink_context
+        self.log_dir: Optional[str] = sink_context.log_dir
+        self.is_writer = sink_context.is_writer
         writes = self.log_dir is not None and self.is_writer
         sentinel.manifest.update(build_manifest(
             sentinel._root, sentinel.optimizers, seed=opts.seed, with_git=writes, rank=sentinel.rank,
         ))
         sentinel.manifest["check_mode"] = sentinel.check_mode
         if writes:
-            write_manifest(self.log_dir, sentinel.manifest)  # type: ignore[arg-type]
+            self._write()
         self.incidents: Optional[IncidentRecorder] = (
             IncidentRecorder(sentinel, self.log_dir) if self.log_dir is not None else None
         )
@@ -38,4 +40,13 @@ class RunRecord:
         s = self._sentinel
         finalize(s.manifest, list(s._recent), s.step, s.findings)
         if self.log_dir is not None and self.is_writer:
-            write_manifest(self.log_dir, s.manifest)
+            self._write()
+
+    def _write(self) -> None:
+        """An unwritable log_dir or a full disk must not stop training: one warning, shared
+        with the sinks, and the manifest stays available as ``sentinel.manifest``."""
+        assert self.log_dir is not None
+        try:
+            write_manifest(self.log_dir, self._sentinel.manifest)
+        except OSError as exc:
+            self._sink_context.log_dir_failure("writing manifest.json", exc)
