@@ -55,6 +55,9 @@ class Options:
     per_rank_logs: bool = False
     #: In distributed runs, reduce non-finite flags across ranks so every rank raises together.
     sync_ranks: bool = True
+    #: When torch.compile silently skipped the hooks: "reset" drops dynamo's compiled code once
+    #: (logged) so it recompiles with them; "raise" raises InstrumentationError instead.
+    blind_hooks: str = "reset"
 
     @classmethod
     def build(cls, **kwargs: Any) -> Options:
@@ -82,6 +85,7 @@ class Options:
             self.check = _choice("check", env_check, CHECK_MODES, f"${ENV_CHECK}")
         else:
             self.check = _choice("check", self.check, CHECK_MODES)
+        self.blind_hooks = _choice("blind_hooks", self.blind_hooks, ("reset", "raise"))
         self.flush_every = _positive_int("flush_every", self.flush_every)
         self.log_every = _positive_int("log_every", self.log_every)
         if self.update_every is not None and (

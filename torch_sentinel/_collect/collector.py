@@ -288,7 +288,8 @@ class Collector:
             for t in iter_tensors(value):
                 if not _reducible(t):
                     continue
-                main = first and "mask" not in key
+                # A 0-d tensor is a count or a flag (the HF Trainer's num_items_in_batch), not the batch.
+                main = first and "mask" not in key and t.dim() > 0
                 self._reduce_data(t, main=main, compiling=compiling, name=key)
                 first = first and not main
         return None
@@ -467,11 +468,30 @@ class Collector:
             self.meta.amp_skipped = True
             self.close_row()
 
-    def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> Optional[tuple[Any, Any]]:
         if self.disabled:
-            return
+            return None
         if self.ring.head > self.ring.tail:
             self.drain()
+        closure = kwargs.get("closure") if kwargs else None
+        in_kwargs = closure is not None
+        if closure is None and args and callable(args[0]):
+            closure = args[0]
+        if closure is not None:
+            # step(closure) (Lightning, LBFGS) runs forward and backward inside step(): the
+            # gradients exist only once the closure returned, so record them there.
+            def recorded_closure() -> Any:
+                result = closure()
+                self._before_update(optimizer)
+                return result
+
+            if in_kwargs:
+                return args, {**kwargs, "closure": recorded_closure}
+            return (recorded_closure, *args[1:]), kwargs
+        self._before_update(optimizer)
+        return None
+
+    def _before_update(self, optimizer: Any) -> None:
         with torch.no_grad():
             self._record_grad_norms()
             for tap in self.step_taps:
