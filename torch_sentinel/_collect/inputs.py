@@ -14,6 +14,8 @@ import torch
 
 from .transfer import AsyncFetch
 
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
 __all__ = ["InputStats"]
 
 #: Feature masks are only kept for tabular inputs this wide or narrower (bounded memory).
@@ -38,7 +40,7 @@ class InputStats:
 
     def _on_input(self, t: torch.Tensor) -> None:
         c = self._collector() if self._collector is not None else None
-        if c is None or not (c.step < self.first or c.step % self.every == 0):
+        if c is None or _is_compiling() or not (c.step < self.first or c.step % self.every == 0):
             return
         views = c.ledger.views
         with torch.no_grad():

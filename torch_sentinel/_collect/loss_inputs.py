@@ -77,7 +77,7 @@ class LossInputs:
         if inst is None:
             inst = extras["loss_inputs"] = cls()
             inst.install(collector)
-        return inst  # type: ignore[no-any-return]
+        return inst
 
     def install(self, collector: Any) -> None:
         self._collector = weakref.ref(collector)
@@ -87,7 +87,7 @@ class LossInputs:
         for name in BROADCAST_LOSSES + LOGIT_LOSSES:
             if hasattr(F, name):
                 collector.hooks.subscribe(patch_for(F, name), _Listener(self, name))
-        for mname, m in collector.map.modules:
+        for _, m in collector.map.modules:
             if isinstance(m, _PROB_MODULES):
                 collector.output_taps.setdefault(id(m), []).append(self._on_prob_output)
         self._names = {id(m): name for name, m in collector.map.modules}
@@ -117,6 +117,11 @@ class LossInputs:
             out = tuple(torch.broadcast_shapes(xs, ys))
         except RuntimeError:
             return  # the loss itself raises on this mismatch
+        target_numel = 1
+        for d in ys:
+            target_numel *= d
+        if out == xs and (target_numel == 1 or out == ys):
+            return  # a scalar target (a constant to regress to) broadcasts as intended
         if len(self.broadcasts) < 16:
             self.broadcasts.append(BroadcastEvent(step, function, xs, ys, out))
 

@@ -33,7 +33,7 @@ class PreStepNorms:
         if inst is None:
             inst = extras["pre_step_norms"] = cls()
             inst.install(collector)
-        return inst  # type: ignore[no-any-return]
+        return inst
 
     def install(self, collector: Any) -> None:
         self._collector = weakref.ref(collector)
@@ -48,7 +48,7 @@ class PreStepNorms:
         if not tensors:
             return
         block = c.ledger.blocks["param_norm_pre"]
-        norms = torch._foreach_norm(tensors)
+        norms = list(torch._foreach_norm(tensors))
         if not c._same_device:
             norms = [t.to(c.device) for t in norms]
         c.ledger.current[block.start : block.stop].copy_(torch.stack(norms).float())

@@ -116,7 +116,7 @@ class ReluWatch:
     def _reduce(self, module: str, t: torch.Tensor) -> None:
         dim = self._unit_dim(t)
         units = int(t.shape[dim])
-        key = (module, dim if dim == 1 else -1, units)
+        key = (module, -1 if dim == t.ndim - 1 else 1, units)
         site = self.sites.get(key)
         if site is None:
             site = self.sites[key] = ReluSite(module, key[1], torch.zeros(units, dtype=torch.bool, device=t.device))

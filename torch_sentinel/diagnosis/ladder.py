@@ -30,6 +30,9 @@ NEXT_CHECKS: dict[str, str] = {
     "overfitting": "investigate_generalization",
     "diverging": "lower_learning_rate",
     "plateau": "inspect_learning_rate_and_capacity",
+    "amp_skips": "inspect_backward_path",
+    "update_ratio": "inspect_learning_rate",
+    "saturation": "inspect_initialization_and_input_scale",
 }
 
 BOUNDARY_CHECKS: dict[str, str] = {
@@ -60,11 +63,14 @@ HYPOTHESES: dict[str, str] = {
     "overfitting": "the model fits training noise",
     "diverging": "the optimization is unstable",
     "plateau": "learning has stalled",
+    "amp_skips": "gradients are non-finite at every step, so the scaler never applies an update",
+    "update_ratio": "the learning rate is out of scale with the weights",
+    "saturation": "pre-activations are too large (initialisation or input scale), so units sit on flat ends",
 }
 
 
 def _rank(boundary: str) -> int:
-    return BOUNDARIES.index(boundary)  # type: ignore[arg-type]
+    return BOUNDARIES.index(boundary)
 
 
 def first_failing_boundary(findings: Iterable[Finding]) -> Optional[str]:

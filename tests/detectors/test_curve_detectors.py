@@ -1,0 +1,93 @@
+"""overfitting, diverging, plateau, amp_skips: table-driven on synthetic step records."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+
+from torch_sentinel._collect.ledger import Ledger
+from torch_sentinel._collect.records import StepMeta, StepRecord
+from torch_sentinel.detectors.amp_skips import AmpSkipsDetector
+from torch_sentinel.detectors.base import Detector, RunContext
+from torch_sentinel.detectors.diverging import DivergingDetector
+from torch_sentinel.detectors.overfitting import OverfittingDetector
+from torch_sentinel.detectors.plateau import PlateauDetector
+
+_LEDGER = Ledger(torch.device("cpu"))
+_LEDGER.add_block("loss", ["auto", "explicit", "validation"])
+_LEDGER.add_block("misc", ["stale_grad_norm", "amp_scale"])
+
+
+def record(step: int, loss: float, val: Optional[float] = None, skipped: bool = False) -> StepRecord:
+    values = np.zeros(_LEDGER.width, dtype=np.float32)
+    values[0] = loss
+    meta = StepMeta(step=step, backward_calls=1, validation=val, amp_skipped=skipped)
+    return StepRecord(meta, values, _LEDGER.blocks)
+
+
+def ctx(**thresholds: float) -> RunContext:
+    return RunContext(module_names=[], module_types={}, param_names=[], param_owner={},
+                      optimizer_params=set(), forward_order=list, thresholds=dict(thresholds))
+
+
+def run(detector: Detector, records: list[StepRecord], window: int = 10) -> list:
+    found = []
+    for i in range(0, len(records), window):
+        found += list(detector.observe(records[i : i + window]))
+    return found + list(detector.finish())
+
+
+rng = np.random.default_rng(0)
+NOISE = rng.normal(0, 0.02, 200)
+
+CURVES = {
+    # name: (train losses, validation every 10 steps or None, expected kinds)
+    "healthy_decay": ([2.0 * math.exp(-s / 30) + 0.1 + NOISE[s] for s in range(120)],
+                      lambda s: 2.0 * math.exp(-s / 30) + 0.3, set()),
+    "overfit": ([2.0 * math.exp(-s / 20) + 0.01 for s in range(120)],
+                lambda s: 1.0 + 0.5 * max(0, s - 40) / 10 if s > 40 else 2.0 - s / 40, {"overfitting"}),
+    "one_bad_validation": ([2.0 * math.exp(-s / 20) + 0.01 for s in range(120)],
+                           lambda s: 3.0 if s == 59 else 1.0 - s / 400, set()),
+    "diverging": ([1.0 * 1.15**s for s in range(40)], None, {"diverging"}),
+    "spike_then_recover": ([1.0 - s / 100 + (2.0 if 20 <= s <= 21 else 0.0) for s in range(60)], None, set()),
+    "flat_at_chance": ([math.log(10) + NOISE[s] for s in range(40)], None, {"plateau"}),
+    "learns_then_levels_off": ([max(0.2, 2.3 - s / 10) + NOISE[s] for s in range(100)], None, set()),
+}
+
+
+@pytest.mark.parametrize("case", list(CURVES), ids=list(CURVES))
+def test_curves(case: str) -> None:
+    train, val, expected = CURVES[case]
+    records = [record(s, x, val(s) if val is not None and s % 10 == 9 else None) for s, x in enumerate(train)]
+    kinds = set()
+    for cls in (OverfittingDetector, DivergingDetector, PlateauDetector):
+        for f in run(cls(ctx()), records):
+            kinds.add(f.kind)
+            assert f.boundary == "curves" and f.step is not None
+    assert kinds == expected
+
+
+def test_overfitting_evidence_names_the_turn() -> None:
+    train, val, _ = CURVES["overfit"]
+    records = [record(s, x, val(s) if s % 10 == 9 else None) for s, x in enumerate(train)]
+    (f,) = run(OverfittingDetector(ctx()), records)
+    assert f.evidence["best_step"] == 39 and f.evidence["last_validation"] > f.evidence["best_validation"] * 1.1
+
+
+def test_plateau_threshold_is_configurable() -> None:
+    records = [record(s, 2.0 - 0.004 * s) for s in range(40)]  # 5% better by step 30
+    assert [f.kind for f in run(PlateauDetector(ctx()), records)] == []
+    assert [f.kind for f in run(PlateauDetector(ctx(**{"plateau.improvement": 0.08})), records)] == ["plateau"]
+
+
+@pytest.mark.parametrize(("skips", "fires"), [(29, False), (30, True)], ids=["29_skips", "30_skips"])
+def test_amp_skips(skips: int, fires: bool) -> None:
+    records = [record(s, 1.0, skipped=s < skips) for s in range(40)]
+    found = run(AmpSkipsDetector(ctx()), records)
+    assert bool(found) is fires
+    if fires:
+        assert found[0].evidence["consecutive_skips"] == 30 and found[0].step == 29

@@ -1,0 +1,53 @@
+"""eval_mode_training: steps taken with dropout / batch norm in eval mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torch_sentinel
+
+
+def _model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 1))
+
+
+def _loop(model: nn.Module, steps: int = 6, validate_with_grad: bool = False) -> torch_sentinel.Report:
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            if validate_with_grad:  # a validation forward without no_grad, then back to train
+                model.eval()
+                model(torch.randn(8, 4))
+                model.train()
+        return s.report()
+
+
+def test_whole_model_left_in_eval() -> None:
+    model = _model()
+    model.eval()
+    (f,) = _loop(model).by_kind("eval_mode_training")
+    assert f.module == "" and f.evidence["model_in_eval"] is True
+    assert sorted(f.evidence["modules"]) == ["1", "3"]
+
+
+def test_one_dropout_in_eval() -> None:
+    model = _model()
+    model[3].eval()
+    (f,) = _loop(model).by_kind("eval_mode_training")
+    assert f.module == "3" and f.evidence["modules"] == ["3"]
+
+
+@pytest.mark.parametrize("case", ["frozen_batchnorm", "validation_forward_with_grad", "train_mode"])
+def test_quiet(case: str) -> None:
+    model = _model()
+    if case == "frozen_batchnorm":
+        model[1].requires_grad_(False)
+        model[1].eval()
+    report = _loop(model, validate_with_grad=case == "validation_forward_with_grad")
+    assert report.by_kind("eval_mode_training") == []

@@ -1,0 +1,60 @@
+"""exploding_gradient / vanishing_gradient: per-layer gradients across depth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torch_sentinel
+
+
+def _deep(act: type[nn.Module], std: float | None) -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(8):
+        layers += [nn.Linear(16, 16), act()]
+    model = nn.Sequential(*layers, nn.Linear(16, 1))
+    if std is not None:
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, std)
+    return model
+
+
+CASES = {
+    "sigmoid_vanishes": (nn.Sigmoid, None, "vanishing_gradient"),
+    "std1_init_explodes": (nn.ReLU, 1.0, "exploding_gradient"),
+    "default_relu_is_quiet": (nn.ReLU, None, None),
+    "default_tanh_is_quiet": (nn.Tanh, None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_gradient_scale_across_depth(case: str) -> None:
+    act, std, kind = CASES[case]
+    model = _deep(act, std)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-9)
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(8):
+            opt.zero_grad()
+            model(torch.randn(32, 16)).pow(2).mean().backward()
+            opt.step()
+        report = s.report()
+    found = report.kinds() & {"vanishing_gradient", "exploding_gradient"}
+    assert found == ({kind} if kind else set())
+    if kind:
+        f = report.by_kind(kind)[0]
+        assert f.module == "0" and f.evidence["last_layer"] == "16"
+        assert (f.evidence["ratio"] < 1e-3) if kind == "vanishing_gradient" else (f.evidence["ratio"] > 70)
+
+
+def test_threshold_override() -> None:
+    model = _deep(nn.Sigmoid, None)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-9)
+    with torch_sentinel.attach(model, opt, thresholds={"vanishing_gradient.ratio": 1e-12}) as s:
+        for _ in range(8):
+            opt.zero_grad()
+            model(torch.randn(32, 16)).pow(2).mean().backward()
+            opt.step()
+        assert s.report().by_kind("vanishing_gradient") == []

@@ -1,0 +1,87 @@
+"""no_update: non-zero gradients but weights that do not move, persistently; warm-ups from lr 0,
+frozen layers and decays to 0 stay quiet."""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable, Optional
+
+import pytest
+import torch
+from torch import nn
+
+import torch_sentinel
+
+
+def _loop(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 15,
+          sched: Optional[torch.optim.lr_scheduler.LRScheduler] = None,
+          before: Optional[Callable[[int], None]] = None, step: bool = True) -> torch_sentinel.Report:
+    torch.manual_seed(1)
+    with torch_sentinel.attach(model, opt) as s:
+        for i in range(steps):
+            if before is not None:
+                before(i)
+            opt.zero_grad()
+            x = torch.randn(16, 6)
+            nn.functional.mse_loss(model(x), x[:, :1]).backward()
+            if step:
+                opt.step()
+            if sched is not None:
+                sched.step()
+        return s.report()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 1))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"], ids=["sgd", "adam"])
+def test_lr_zero_is_reported_with_its_cause(optimizer: str) -> None:
+    model = _model()
+    cls = torch.optim.SGD if optimizer == "sgd" else torch.optim.Adam
+    report = _loop(model, cls(model.parameters(), lr=0.0))
+    (f,) = report.by_kind("no_update")
+    assert f.module == "" and f.boundary == "updates" and "learning rate is 0" in f.message
+    assert f.evidence["lrs"] == [0.0] and len(f.evidence["still_steps"]) >= 3
+    assert report.next_check == "inspect_optimizer_update"
+
+
+def test_weights_restored_between_steps() -> None:
+    model = _model()
+    saved = copy.deepcopy(model[2].state_dict())
+    report = _loop(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                   before=lambda i: model[2].load_state_dict(saved))
+    (f,) = report.by_kind("no_update")
+    assert f.module == "2"  # only the restored layer stands still
+    assert all(p.startswith("2.") for p in f.evidence["parameters"])
+
+
+@pytest.mark.parametrize("warmup_zero_steps", [1, 2], ids=["one_still_step", "two_still_steps"])
+def test_warmup_from_lr_zero_is_healthy(warmup_zero_steps: int) -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.0 if s < warmup_zero_steps else min(1.0, s / 5))
+    assert _loop(model, opt, sched=sched).by_kind("no_update") == []
+
+
+def test_decay_to_zero_at_the_end_is_healthy() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if s < 8 else 0.0)
+    assert _loop(model, opt, sched=sched).by_kind("no_update") == []
+
+
+def test_frozen_parameters_are_never_flagged() -> None:
+    model = _model()
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # frozen params sit in the optimizer too
+    report = _loop(model, opt)
+    assert report.by_kind("no_update") == [] and report.by_kind("no_gradient") == []
+
+
+def test_step_never_called() -> None:
+    model = _model()
+    report = _loop(model, torch.optim.SGD(model.parameters(), lr=0.1), steps=5, step=False)
+    (f,) = report.by_kind("no_update")
+    assert f.evidence == {"backward_calls": 5, "optimizer_steps": 0}

@@ -1,0 +1,67 @@
+"""The diagnosis: the first failing rung in ladder order, the next check in the seeds'
+vocabulary, and a report that reads like an experiment log."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torch_sentinel
+from torch_sentinel import Finding, Report
+from torch_sentinel.diagnosis.ladder import HEALTHY_NEXT_CHECK, NEXT_CHECKS
+
+SEED_CASES = {
+    # the seeds' Lab: name -> (findings' (kind, boundary), expected boundary, expected next check)
+    "shape": ([("loss_broadcast", "shapes"), ("plateau", "curves")], "shapes", "reshape_target_or_output_to_match"),
+    "dead_relu": ([("dead_relu", "forward"), ("no_gradient", "gradients")], "forward",
+                  "inspect_initialization_and_learning_rate"),
+    "no_update": ([("no_update", "updates")], "updates", "inspect_optimizer_update"),
+    "overfit": ([("overfitting", "curves")], "curves", "investigate_generalization"),
+    "healthy": ([], None, HEALTHY_NEXT_CHECK),
+}
+
+
+@pytest.mark.parametrize("case", list(SEED_CASES), ids=list(SEED_CASES))
+def test_first_failing_rung_decides(case: str) -> None:
+    kinds, boundary, check = SEED_CASES[case]
+    findings = [Finding(kind=k, boundary=b, message=k, step=i) for i, (k, b) in enumerate(reversed(kinds))]
+    report = Report(findings=findings, steps=10)
+    assert report.boundary == boundary
+    assert report.next_check == check
+    assert report.ok is (boundary is None)
+
+
+def test_info_findings_do_not_fail_a_rung() -> None:
+    report = Report(findings=[Finding(kind="note", boundary="data", message="fyi", severity="info")])
+    assert report.ok and report.boundary is None and report.next_check == HEALTHY_NEXT_CHECK
+
+
+def test_every_shipped_kind_has_a_next_check() -> None:
+    from torch_sentinel.detectors import registry
+
+    assert {cls.kind for cls in registry.DETECTORS} <= set(NEXT_CHECKS)
+
+
+def test_report_text_reads_like_an_experiment_log() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # parameters never change
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(8):
+            x = torch.randn(8, 4)
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), x[:, :1]).backward()
+            opt.step()
+        report = s.report()
+    text = str(report)
+    assert report.boundary == "updates" and report.next_check == "inspect_optimizer_update"
+    assert "  updates    FAIL  <- first failing boundary" in text
+    block = text[text.index("[error] no_update"):]
+    lines = block.splitlines()
+    assert lines[1].startswith("  symptom:    ") and "bit-identical" in lines[1]
+    assert lines[2].startswith("  evidence:   ") and "lrs=[0]" in lines[2]
+    assert lines[3].startswith("  hypothesis: ")
+    assert lines[4] == "  next check: inspect_optimizer_update"
+    assert text.rstrip().endswith("next check: inspect_optimizer_update")
+    assert report.to_dict()["boundary"] == "updates"

@@ -1,0 +1,99 @@
+"""``dead_relu``: ReLU units that never fire over a window of training steps.
+
+Thresholds:
+- ``dead_relu.fraction`` = 0.7: a layer is reported when at least 70% of its units produced no
+  positive output in any sampled batch of the window. 70% is the dying-ReLU bar of AUTOTRAINER
+  (70% zero gradients) and the dead-node bar of DeepDiagnosis (70% of outputs <= 0); ours is
+  stricter per unit (never positive over a whole window, not 70% of outputs), so a sparse but
+  alive layer stays quiet.
+- ``dead_relu.min_steps`` = 10 sampled steps: a unit that fires on 1 batch in 10 is alive; fewer
+  steps would call rare features dead.
+- ``dead_relu.every`` = 1: sample every step (set 2+ to halve the cost on ReLU-heavy models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from .._collect.records import StepRecord
+from .._collect.relu import ReluSite, ReluWatch
+from .._collect.transfer import AsyncFetch
+from .._findings import Finding
+from .base import Detector, RunContext
+
+__all__ = ["DeadReluDetector"]
+
+
+class DeadReluDetector(Detector):
+    kind = "dead_relu"
+    boundary = "forward"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.fraction = ctx.threshold("dead_relu.fraction", 0.7)
+        self.min_steps = int(ctx.threshold("dead_relu.min_steps", 10))
+        self.watch = ReluWatch(every=int(ctx.threshold("dead_relu.every", 1)))
+        self._pending: Optional[tuple[list[ReluSite], list[int], AsyncFetch, int]] = None
+        self._last_step = 0
+        self._latest: dict[str, float] = {}
+
+    def install(self, collector: Any) -> None:
+        self.watch.install(collector)
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        if records:
+            self._last_step = records[-1].step
+        found = self._consume(block=False)
+        if self._pending is None:
+            snap = self.watch.snapshot(self.min_steps)
+            if snap is not None:
+                self._pending = (*snap, self._last_step)
+                found += self._consume(block=False)  # on CPU the copy has already landed
+        return found
+
+    def finish(self) -> Iterable[Finding]:
+        found = self._consume(block=True)
+        snap = self.watch.snapshot(self.min_steps)
+        if snap is not None:
+            self._pending = (*snap, self._last_step)
+            found += self._consume(block=True)
+        return found
+
+    def statistics(self) -> dict[str, float]:
+        return dict(self._latest)
+
+    def _consume(self, block: bool) -> list[Finding]:
+        if self._pending is None:
+            return []
+        sites, steps, fetch, at_step = self._pending
+        result = fetch.result(block=block)
+        if result is None:
+            return []
+        self._pending = None
+        dead = result[0]
+        found = []
+        for i, site in enumerate(sites):
+            frac = float(dead[i])
+            label = site.module or "<model>"
+            self._latest[f"{label}.dead_fraction"] = frac
+            if frac < self.fraction:
+                continue
+            alive = result[1 + i]
+            units = int(alive.size)
+            dead_units = np.flatnonzero(~alive.astype(bool))
+            axis = "channels" if site.unit_dim == 1 else "features"
+            found.append(self.finding(
+                f"{len(dead_units)} of {units} ReLU {axis} ({frac:.0%}) applied in "
+                f"{label} never produced a positive output over {steps[i]} sampled training steps",
+                module=site.module, step=at_step, severity="warning",
+                evidence={
+                    "dead_fraction": frac, "dead_units": len(dead_units), "units": units,
+                    "unit_axis": axis, "steps_observed": steps[i],
+                    "first_dead_units": dead_units[:8].tolist(), "threshold": self.fraction,
+                },
+                next_check="inspect_initialization_and_learning_rate",
+            ))
+        return found

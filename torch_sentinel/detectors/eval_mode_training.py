@@ -1,0 +1,106 @@
+"""``eval_mode_training``: optimizer steps taken while dropout / batch norm are in eval mode.
+
+``model.eval()`` left on after a validation pass silently turns dropout off and freezes the
+batch-norm statistics. The check is host-only: on steps 0-4 and then every 50th, the training
+forward (grad enabled) notes which dropout / batch-norm modules have ``training == False``; the
+note counts when that forward is followed by a backward. Deliberately frozen batch norms
+(parameters with ``requires_grad=False``, as when fine-tuning a detector backbone) and dropout
+inside a fully frozen parent are not flagged.
+
+Threshold: ``eval_mode_training.min_steps`` = 2 checked steps.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._collect.records import StepRecord
+from .._findings import Finding
+from .base import Detector, RunContext
+
+__all__ = ["EvalModeTrainingDetector"]
+
+_MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+class EvalModeTrainingDetector(Detector):
+    kind = "eval_mode_training"
+    boundary = "forward"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.min_steps = int(ctx.threshold("eval_mode_training.min_steps", 2))
+        self._candidates: list[tuple[str, weakref.ref[nn.Module], weakref.ref[nn.Module]]] = []
+        self._root: Any = None
+        self._collector: Any = lambda: None
+        self._last: tuple[str, ...] = ()
+        self._hits: list[tuple[int, tuple[str, ...]]] = []
+        self._reported = False
+
+    def install(self, collector: Any) -> None:
+        if not collector.optimizers:
+            return
+        modules = dict(collector.map.modules)
+        self._root = weakref.ref(collector.map.root)
+        for name, m in collector.map.modules:
+            if isinstance(m, _MODE_DEPENDENT):
+                parent = modules.get(name.rpartition(".")[0], collector.map.root)
+                self._candidates.append((name, weakref.ref(m), weakref.ref(parent)))
+        if self._candidates:
+            self._collector = weakref.ref(collector)
+            collector.root_input_taps.append(self._on_forward)
+            collector.backward_taps.append(self._on_backward)
+
+    def _checked(self, step: int) -> bool:
+        return step < 5 or step % 50 == 0
+
+    def _on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._collector()
+        if c is None or _is_compiling() or not self._checked(c.step):
+            self._last = ()
+            return
+        off = []
+        for name, mref, pref in self._candidates:
+            m, parent = mref(), pref()
+            if m is None or m.training:
+                continue
+            own = list(m.parameters(recurse=False))
+            if own and not any(p.requires_grad for p in own):
+                continue  # a deliberately frozen batch norm
+            if parent is not None and not any(p.requires_grad for p in parent.parameters()):
+                continue
+            off.append(name)
+        self._last = tuple(off)
+
+    def _on_backward(self, c: Any, loss: torch.Tensor) -> None:
+        if self._last and self._checked(c.step) and len(self._hits) < 16 and (not self._hits or self._hits[-1][0] != c.step):
+            self._hits.append((c.step, self._last))
+        self._last = ()
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        if self._reported or len(self._hits) < self.min_steps:
+            return []
+        self._reported = True
+        names = self._hits[-1][1]
+        root = self._root() if self._root is not None else None
+        root_eval = root is not None and not root.training
+        module = "" if root_eval else names[0]
+        types = sorted({self.ctx.module_types.get(n, "") for n in names})
+        return [self.finding(
+            f"{len(names)} {'/'.join(types)} module(s) were in eval mode during training forwards "
+            f"followed by backward at steps {[s for s, _ in self._hits][:6]}"
+            + (": the whole model is in eval mode (model.train() not called after eval?)" if root_eval else ""),
+            module=module, step=self._hits[self.min_steps - 1][0], severity="error",
+            evidence={"modules": list(names)[:8], "count": len(names), "steps": [s for s, _ in self._hits][:8],
+                      "model_in_eval": root_eval},
+            next_check="call_model_train_before_training",
+        )]
+
+    def finish(self) -> Iterable[Finding]:
+        return self.observe(())

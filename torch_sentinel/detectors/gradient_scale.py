@@ -1,0 +1,193 @@
+"""``exploding_gradient`` and ``vanishing_gradient``: per-layer gradient norms across depth.
+
+A layer is a module with weights (Linear, Conv, RNN cells); its gradient norm is the norm of
+its weight gradients at the optimizer step. Layers are ordered by forward execution, so
+"first" is the layer nearest the input and "last" the one nearest the loss.
+
+Thresholds (AUTOTRAINER's, per step, taken as a median over the window):
+- vanishing: first/last layer weight-gradient-norm ratio below ``vanishing_gradient.ratio`` =
+  1e-3 and the first layer's norm below ``vanishing_gradient.first_norm`` = 1e-4;
+- exploding: first/last ratio above ``exploding_gradient.ratio`` = 70, measured on the largest
+  |gradient| flowing into each layer's *output* (the backpropagated signal). A weight gradient
+  is that signal times the layer's input, and when a bad initialisation inflates both
+  (activations forward, gradients backward) the weight-gradient ratio stays near 1 and hides
+  the explosion; the output-gradient ratio does not. Or: the total gradient norm above
+  ``exploding_gradient.growth`` = 1e3 times its median over the run's first steps.
+Both need ``*.min_steps`` = 5 steps and at least 3 layers (a ratio over 2 layers says little).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterable, Sequence
+from typing import Optional
+
+import numpy as np
+
+from .._collect.records import StepRecord
+from .._findings import Finding
+from ._common import trained_rows
+from .base import Detector, RunContext
+
+__all__ = ["ExplodingGradientDetector", "VanishingGradientDetector", "layer_norms"]
+
+_WEIGHTED = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+             "ConvTranspose3d", "Bilinear", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell",
+             "NonDynamicallyQuantizableLinear", "LazyLinear", "LazyConv2d")
+
+
+def _layers(ctx: RunContext) -> list[tuple[str, list[str]]]:
+    """(layer, its weight parameters) in forward order."""
+    by_owner: dict[str, list[str]] = {}
+    for p in ctx.param_names:
+        owner = ctx.owner(p)
+        leaf = p.rpartition(".")[2]
+        if owner is not None and ctx.module_types.get(owner, "") in _WEIGHTED and leaf.startswith("weight"):
+            by_owner.setdefault(owner, []).append(p)
+    order = [ctx.module_names[s] for s in ctx.forward_order()]
+    return [(m, by_owner[m]) for m in order if m in by_owner]
+
+
+def layer_norms(rec: StepRecord, layers: list[tuple[str, list[str]]]) -> list[tuple[str, float]]:
+    """Per-layer weight-gradient norms of one step, skipping layers without gradients."""
+    grads = rec.mapping("grad_norm")
+    missing = set(rec.meta.grad_missing) | set(rec.meta.frozen)
+    out = []
+    for layer, params in layers:
+        present = [grads[p] for p in params if p not in missing]
+        if present and any(v > 0 for v in present):
+            out.append((layer, math.sqrt(sum(v * v for v in present))))
+    return out
+
+
+class _GradientScale(Detector):
+    boundary = "gradients"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.min_steps = int(ctx.threshold(f"{self.kind}.min_steps", 5))
+        self._layers: Optional[list[tuple[str, list[str]]]] = None
+        # Bounded: the medians look at the last 20 steps; growth compares with the first steps.
+        window = max(self.min_steps, 20)
+        self._ratios: collections.deque[tuple[int, float, float, float, str, str]] = collections.deque(maxlen=window)
+        self._signal: collections.deque[tuple[int, float, float, float, str, str]] = collections.deque(maxlen=window)
+        self._first_totals: list[tuple[int, float]] = []
+        self._totals: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.min_steps)
+        self._total_count = 0
+        self._reported = False
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        rows = trained_rows(records)
+        if rows and self._layers is None:
+            self._layers = _layers(self.ctx)
+        for rec in rows:
+            if rec.meta.amp:
+                continue  # scaled gradients: the scaler owns their magnitude
+            norms = layer_norms(rec, self._layers or [])
+            total = float(np.sqrt((rec.array("grad_norm").astype(np.float64) ** 2).sum()))
+            if math.isfinite(total):
+                self._total_count += 1
+                if len(self._first_totals) < self.min_steps:
+                    self._first_totals.append((rec.step, total))
+                self._totals.append((rec.step, total))
+            if len(norms) >= 3 and all(math.isfinite(v) for _, v in norms):
+                (fl, f), (ll, last) = norms[0], norms[-1]
+                ratio = f / last if last > 0 else math.inf
+                self._ratios.append((rec.step, ratio, f, last, fl, ll))
+            signal = self._output_signal(rec)
+            if signal is not None:
+                self._signal.append(signal)
+        if self._reported:
+            return []
+        return self.verdict()
+
+    def finish(self) -> Iterable[Finding]:
+        return [] if self._reported else self.verdict()
+
+    def verdict(self) -> list[Finding]:
+        raise NotImplementedError
+
+    def _output_signal(self, rec: StepRecord) -> Optional[tuple[int, float, float, float, str, str]]:
+        """(step, first/last ratio, first, last, names) of the max |gradient| into layer outputs."""
+        if not rec.has("outgrad.max") or not self._layers or len(self._layers) < 3:
+            return None
+        lo, hi = rec.array("outgrad.min"), rec.array("outgrad.max")
+        amps = []
+        for layer, _ in self._layers:
+            i = self.ctx.module_names.index(layer)
+            if hi[i] >= lo[i]:  # touched this step
+                amps.append((layer, max(abs(float(lo[i])), abs(float(hi[i])))))
+        if len(amps) < 3 or not all(math.isfinite(a) for _, a in amps) or amps[-1][1] <= 0:
+            return None
+        (fl, f), (ll, last) = amps[0], amps[-1]
+        return (rec.step, f / last, f, last, fl, ll)
+
+    def _median(self, series: Optional[collections.deque[tuple[int, float, float, float, str, str]]] = None,
+                ) -> Optional[tuple[float, float, float, str, str, list[int]]]:
+        recent = list(self._ratios if series is None else series)
+        if len(recent) < self.min_steps:
+            return None
+        r = np.array([x[1:4] for x in recent], dtype=np.float64)
+        return (float(np.median(r[:, 0])), float(np.median(r[:, 1])), float(np.median(r[:, 2])),
+                recent[-1][4], recent[-1][5], [x[0] for x in recent])
+
+
+class VanishingGradientDetector(_GradientScale):
+    kind = "vanishing_gradient"
+
+    def verdict(self) -> list[Finding]:
+        m = self._median()
+        if m is None:
+            return []
+        ratio, first, last, fl, ll, steps = m
+        lim_ratio = self.ctx.threshold("vanishing_gradient.ratio", 1e-3)
+        lim_first = self.ctx.threshold("vanishing_gradient.first_norm", 1e-4)
+        if not (ratio < lim_ratio and first < lim_first):
+            return []
+        self._reported = True
+        return [self.finding(
+            f"the gradient reaching the first layer ({fl}) is {ratio:.2g} of the last layer's "
+            f"({ll}): norm {first:.3g} vs {last:.3g}, median over {len(steps)} steps",
+            module=fl, step=steps[-1], severity="warning",
+            evidence={"first_layer": fl, "last_layer": ll, "first_norm": first, "last_norm": last,
+                      "ratio": ratio, "steps": steps[:16], "ratio_threshold": lim_ratio},
+            next_check="inspect_initialization_and_activations",
+        )]
+
+
+class ExplodingGradientDetector(_GradientScale):
+    kind = "exploding_gradient"
+
+    def verdict(self) -> list[Finding]:
+        lim_ratio = self.ctx.threshold("exploding_gradient.ratio", 70.0)
+        growth = self.ctx.threshold("exploding_gradient.growth", 1e3)
+        m = self._median(self._signal)
+        if m is not None and m[0] > lim_ratio:
+            ratio, first, last, fl, ll, steps = m
+            self._reported = True
+            return [self.finding(
+                f"the largest gradient flowing into a layer's output grows {ratio:.3g}x from the "
+                f"last layer ({ll}) back to the first "
+                f"({fl}): norm {first:.3g} vs {last:.3g}, median over {len(steps)} steps",
+                module=fl, step=steps[-1], severity="warning",
+                evidence={"first_layer": fl, "last_layer": ll, "first_norm": first,
+                          "last_norm": last, "ratio": ratio, "steps": steps[:16],
+                          "ratio_threshold": lim_ratio},
+                next_check="lower_learning_rate_or_clip_gradients",
+            )]
+        if self._total_count >= 2 * self.min_steps:
+            base = float(np.median([t for _, t in self._first_totals]))
+            recent = list(self._totals)
+            now = float(np.median([t for _, t in recent]))
+            if base > 0 and now > growth * base:
+                self._reported = True
+                return [self.finding(
+                    f"the total gradient norm grew {now / base:.3g}x: median {now:.3g} over "
+                    f"steps {recent[0][0]}-{recent[-1][0]} vs {base:.3g} at the start",
+                    module=None, step=recent[-1][0], severity="warning",
+                    evidence={"initial_norm": base, "recent_norm": now, "growth": now / base,
+                              "steps": [s for s, _ in recent], "growth_threshold": growth},
+                    next_check="lower_learning_rate_or_clip_gradients",
+                )]
+        return []

@@ -1,0 +1,94 @@
+"""``no_gradient``: trainable parameters in the optimizer that never receive a gradient.
+
+The graph was cut (``detach()``, ``.item()``/numpy round trips, ``torch.tensor(...)`` of an
+output) or a branch is unused. A parameter counts as gradient-less at a step when its ``.grad``
+is None or its norm is exactly 0. Never flagged: ``requires_grad=False`` parameters, tensors the
+optimizer holds that are not in the model (``unregistered_parameter`` explains those), and runs
+where no parameter got a gradient at all (that is ``no_update``'s "cleared before step").
+
+Threshold: ``no_gradient.min_steps`` = 5 steps with a backward, all gradient-less for the
+parameter: one step could be a branch skipped by chance, five in a row is a wiring fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from .._collect.records import StepRecord
+from .._findings import Finding
+from ._common import common_module, trained_rows
+from .base import Detector, RunContext
+
+__all__ = ["NoGradientDetector"]
+
+
+class NoGradientDetector(Detector):
+    kind = "no_gradient"
+    boundary = "gradients"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.min_steps = int(ctx.threshold("no_gradient.min_steps", 5))
+        self._steps = 0
+        self._first_step: dict[str, int] = {}
+        self._ever: set[str] = set()
+        #: Parameters whose .grad existed but was exactly 0 (not None) at some step.
+        self._zero: set[str] = set()
+        self._reported = False
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        watched = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
+        for rec in trained_rows(records):
+            missing = set(rec.meta.grad_missing)
+            frozen = set(rec.meta.frozen)
+            grads = rec.array("grad_norm")
+            keys = rec.keys("grad_norm")
+            index = {k: i for i, k in enumerate(keys)}
+            got_any = False
+            for n in watched:
+                if n in frozen:
+                    self._ever.add(n)  # frozen at some point: never a wiring fault
+                    continue
+                if n not in missing and grads[index[n]] != 0:
+                    self._ever.add(n)
+                    got_any = True
+                else:
+                    self._first_step.setdefault(n, rec.step)
+                    if n not in missing:
+                        self._zero.add(n)
+            if got_any:
+                self._steps += 1
+        return self._verdict()
+
+    def _verdict(self) -> list[Finding]:
+        if self._reported or self._steps < self.min_steps:
+            return []
+        never = [n for n in self.ctx.param_names if n in self._first_step and n not in self._ever]
+        if not never:
+            return []
+        self._reported = True
+        order = {self.ctx.module_names[s]: i for i, s in enumerate(self.ctx.forward_order())}
+        owners = [self.ctx.owner(n) or "" for n in never]
+        module = common_module(owners)
+        if not module and len(set(owners)) > 1:
+            # the earliest module in forward order: where the gradient-less region starts
+            module = min(set(owners), key=lambda o: order.get(o, 1 << 30))
+        zero = [n for n in never if n in self._zero]
+        if len(zero) == len(never):
+            why = ("their .grad exists but is exactly 0: no signal flows back to them (dead units "
+                   "in between, or a cut graph with zero_grad(set_to_none=False))")
+        else:
+            why = ("the graph is cut before them (detach, numpy/.item() round trip) or their "
+                   "branch is unused")
+        return [self.finding(
+            f"{len(never)} trainable parameter(s) under {module or '<model>'} never received a "
+            f"gradient in {self._steps} steps with a backward: {why}",
+            module=module, step=min(self._first_step[n] for n in never) + self.min_steps - 1,
+            severity="error",
+            evidence={"parameters": never[:8], "count": len(never), "grad_exactly_zero": len(zero),
+                      "grad_none": len(never) - len(zero), "steps_observed": self._steps},
+            next_check="inspect_graph_connectivity",
+        )]
+
+    def finish(self) -> Iterable[Finding]:
+        return self._verdict()

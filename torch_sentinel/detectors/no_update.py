@@ -1,0 +1,151 @@
+"""``no_update``: parameters receive non-zero gradients but do not change across steps.
+
+The evidence is the norm of each parameter *before* consecutive optimizer steps: when it is
+bit-identical before step k and step k-1 although step k-1 had a non-zero gradient, step k-1
+did not move the weights, either because it had no effect (lr 0, a step on other tensors) or
+because the update was undone between steps (weights restored, a state_dict reloaded).
+Also reported: gradients cleared between ``backward()`` and ``step()`` (every step sees no
+gradient at all), and ``optimizer.step()`` never called while backward ran.
+
+Thresholds:
+- ``no_update.min_still`` = 3 consecutive still steps per parameter: a warm-up whose first step
+  has lr 0 gives one still step, which is healthy.
+- A still stretch whose lr fell below 1e-3 of the largest lr seen so far (the tail of a decay to
+  0) is exempt: the schedule is doing what it was asked to do.
+- AMP-skipped steps and frozen parameters are never counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+from .._collect.param_norms import PreStepNorms
+from .._collect.records import StepRecord
+from .._findings import Finding
+from ._common import common_module
+from .base import Detector, RunContext
+
+__all__ = ["NoUpdateDetector"]
+
+#: Relative change of a norm that float32 reliably resolves (its epsilon is 1.2e-7).
+_RESOLUTION = 1e-5
+
+
+class NoUpdateDetector(Detector):
+    kind = "no_update"
+    boundary = "updates"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.min_still = int(ctx.threshold("no_update.min_still", 3))
+        self._prev: Optional[StepRecord] = None
+        self._still: dict[str, list[int]] = {}
+        self._max_lr = 0.0
+        self._cleared_steps: list[int] = []
+        self._reported: set[str] = set()
+        self._collector: Any = None
+
+    def install(self, collector: Any) -> None:
+        PreStepNorms.shared(self.ctx.extras, collector)
+        self._collector = collector
+
+    def _watched(self) -> list[str]:
+        return [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        found: list[Finding] = []
+        watched = self._watched()
+        for rec in records:
+            lrs = [lr for lr in rec.meta.lrs if lr is not None]
+            prev = self._prev
+            if prev is not None and prev.step == rec.step - 1 and prev.meta.extra.get("pre_norms") \
+                    and rec.meta.extra.get("pre_norms") and prev.meta.backward_calls and not prev.meta.amp_skipped:
+                self._compare(prev, rec, watched)
+            if lrs:
+                self._max_lr = max(self._max_lr, max(lrs))
+            if len(self._cleared_steps) < 16 and self._all_cleared(rec, watched):
+                self._cleared_steps.append(rec.step)
+            self._prev = rec
+        found += self._still_findings()
+        found += self._cleared_finding()
+        return found
+
+    @staticmethod
+    def _all_cleared(rec: StepRecord, watched: list[str]) -> bool:
+        """A backward ran, yet no watched parameter had a gradient at the step."""
+        meta = rec.meta
+        if not (meta.backward_calls and not meta.amp_skipped and watched):
+            return False
+        return len(meta.grad_missing) >= len(watched) and set(watched) <= set(meta.grad_missing)
+
+    def _compare(self, prev: StepRecord, rec: StepRecord, watched: list[str]) -> None:
+        pre0, pre1, grads = prev.mapping("param_norm_pre"), rec.mapping("param_norm_pre"), prev.mapping("grad_norm")
+        lrs = [lr for lr in prev.meta.lrs if lr is not None]
+        decayed = bool(lrs) and self._max_lr > 0 and max(lrs) < 1e-3 * self._max_lr
+        lr_zero = bool(lrs) and max(lrs) == 0
+        lr = max(lrs) if lrs else 1.0
+        skip = set(prev.meta.frozen) | set(prev.meta.grad_missing)
+        for name in watched:
+            g = grads.get(name, 0.0)
+            if name in skip or not g > 0:
+                continue
+            # An SGD-sized step lr * |g| below float32 resolution of the weight's norm cannot be
+            # seen (a conv bias before BatchNorm has a gradient of ~1e-9): not evidence.
+            visible = lr_zero or lr * g > _RESOLUTION * max(pre0[name], 1e-30)
+            if not visible:
+                continue
+            if pre0[name] == pre1[name] and not decayed:
+                still = self._still.setdefault(name, [])
+                if len(still) < 16:  # bounded: enough to show persistence
+                    still.append(prev.step)
+            else:
+                self._still.pop(name, None)
+
+    def _still_findings(self) -> list[Finding]:
+        still = {n: s for n, s in self._still.items() if len(s) >= self.min_still and n not in self._reported}
+        if not still:
+            return []
+        self._reported.update(still)
+        owners = [self.ctx.owner(n) for n in still]
+        module = common_module(owners)
+        rec = self._prev
+        lrs = rec.meta.lrs if rec is not None else []
+        steps = sorted({s for v in still.values() for s in v})
+        grads = rec.mapping("grad_norm") if rec is not None else {}
+        lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
+        cause = ("the learning rate is 0" if lr_zero else
+                 "the step had no effect, or the weights were restored between steps")
+        return [self.finding(
+            f"{len(still)} parameter(s) under {module or '<model>'} received non-zero gradients but "
+            f"were bit-identical before {len(steps) + 1} consecutive optimizer steps: {cause}",
+            module=module, step=steps[-1] + 1, severity="error",
+            evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16],
+                      "grad_norm": {n: grads.get(n) for n in sorted(still)[:4]},
+                      "lrs": [lr for lr in lrs if lr is not None], "max_lr_seen": self._max_lr},
+            next_check="inspect_optimizer_update",
+        )]
+
+    def _cleared_finding(self) -> list[Finding]:
+        if "<cleared>" in self._reported or len(self._cleared_steps) < self.min_still:
+            return []
+        self._reported.add("<cleared>")
+        return [self.finding(
+            f"backward() ran but no parameter had a gradient at {len(self._cleared_steps)} "
+            "optimizer steps: the gradients are cleared between backward() and step() (is "
+            "zero_grad() called after backward?), so every step does nothing",
+            module="", step=self._cleared_steps[self.min_still - 1], severity="error",
+            evidence={"steps": self._cleared_steps[:16], "parameters_watched": len(self._watched())},
+            next_check="inspect_optimizer_update",
+        )]
+
+    def finish(self) -> Iterable[Finding]:
+        c = self._collector
+        if c is None or c.step > 0 or not c.optimizers or c.meta.backward_calls < self.min_still:
+            return ()
+        return [self.finding(
+            f"backward() ran {c.meta.backward_calls} times but optimizer.step() was never called",
+            module="", step=0, severity="error",
+            evidence={"backward_calls": c.meta.backward_calls, "optimizer_steps": 0},
+            next_check="inspect_optimizer_update",
+        )]

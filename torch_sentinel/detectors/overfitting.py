@@ -1,0 +1,69 @@
+"""``overfitting``: the validation loss rises while the training loss keeps falling.
+
+Thresholds:
+- ``overfitting.rise`` = 0.1: the latest validation loss is at least 10% above its best;
+- ``overfitting.patience`` = 2: at least two validation points after the best one (the usual
+  early-stopping patience), so one unlucky validation pass is not a trend;
+- the mean training loss since the best validation point is below the mean before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from .._collect.records import StepRecord
+from .._findings import Finding
+from ._curve import ValidationCurve
+from .base import Detector, RunContext
+
+__all__ = ["OverfittingDetector"]
+
+
+class OverfittingDetector(Detector):
+    kind = "overfitting"
+    boundary = "curves"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.rise = ctx.threshold("overfitting.rise", 0.1)
+        self.patience = int(ctx.threshold("overfitting.patience", 2))
+        self.history = ValidationCurve()
+        self._reported = False
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        self.history.add(records)
+        return [] if self._reported else self._verdict()
+
+    def finish(self) -> Iterable[Finding]:
+        return [] if self._reported else self._verdict()
+
+    def _verdict(self) -> list[Finding]:
+        h = self.history
+        val = list(h.val)
+        if len(val) < self.patience + 2:
+            return []
+        best = int(np.argmin(val))
+        after = len(val) - 1 - best
+        if after < self.patience or val[-1] < val[best] * (1 + self.rise):
+            return []
+        if min(val[-self.patience:]) < val[best] * (1 + self.rise / 2):
+            return []  # the rise must hold over the last points, not be one bounce
+        before = h.train_mean(0, best)
+        since = h.train_mean(best + 1, len(val) - 1)
+        if before is None or since is None or since >= before:
+            return []
+        self._reported = True
+        steps = list(h.steps)
+        return [self.finding(
+            f"validation loss rose from {val[best]:.4g} (step {steps[best]}) to "
+            f"{val[-1]:.4g} (step {steps[-1]}) while the training loss fell from "
+            f"{before:.4g} to {since:.4g} (means)",
+            step=steps[-1], severity="warning",
+            evidence={"best_validation": val[best], "best_step": steps[best],
+                      "last_validation": val[-1], "last_step": steps[-1],
+                      "train_mean_before": before, "train_mean_since": since,
+                      "validation_points": len(val)},
+            next_check="investigate_generalization",
+        )]

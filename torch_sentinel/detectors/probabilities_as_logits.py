@@ -1,0 +1,83 @@
+"""``probabilities_as_logits``: a loss that expects logits is fed probabilities.
+
+``cross_entropy`` applies log-softmax itself and ``nll_loss`` expects log-probabilities, so a
+model output that is already a distribution (non-negative rows summing to 1, e.g. a trailing
+``nn.Softmax``) is squashed twice: gradients shrink and the loss plateaus (UMLAUT's "softmax
+before the loss"). For ``binary_cross_entropy_with_logits`` the tell is every value in [0, 1].
+
+Thresholds:
+- ``probabilities_as_logits.tolerance`` = 1e-3: the largest |row sum - 1| accepted as a
+  distribution; float32 softmax rows sum to 1 within ~1e-6, logits essentially never do.
+- ``probabilities_as_logits.min_probes`` = 3 probed steps agreeing (steps 0-4, then every 10th),
+  so one odd batch never decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+from .._collect.loss_inputs import LossInputs
+from .._collect.records import StepRecord
+from .._findings import Finding
+from .base import Detector, RunContext
+
+__all__ = ["ProbabilitiesAsLogitsDetector"]
+
+
+class ProbabilitiesAsLogitsDetector(Detector):
+    kind = "probabilities_as_logits"
+    boundary = "loss"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.tolerance = ctx.threshold("probabilities_as_logits.tolerance", 1e-3)
+        self.min_probes = int(ctx.threshold("probabilities_as_logits.min_probes", 3))
+        self._hits: list[tuple[int, str, float, float, float]] = []
+        self._probes = 0
+        self._count = 0
+        self._module: Optional[str] = None
+        self._op: Optional[str] = None
+        self._reported = False
+
+    def install(self, collector: Any) -> None:
+        LossInputs.shared(self.ctx.extras, collector)
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        for rec in records:
+            fn = rec.meta.extra.get("loss_probe")
+            if fn is None or rec.meta.amp_skipped:
+                continue
+            self._probes += 1
+            lo, hi = rec.value("loss_input.min", "values"), rec.value("loss_input.max", "values")
+            dev = rec.value("loss_input.max", "rowsum_dev")
+            if fn == "binary_cross_entropy_with_logits":
+                is_prob = lo >= 0.0 and hi <= 1.0
+            else:
+                is_prob = lo >= 0.0 and dev <= self.tolerance
+            if is_prob:
+                self._count += 1
+                if len(self._hits) < 16:  # bounded: the evidence shows the first few
+                    self._hits.append((rec.step, fn, lo, hi, dev))
+                self._module = rec.meta.extra.get("loss_input_module", self._module)
+                self._op = rec.meta.extra.get("loss_input_op", self._op)
+        if self._reported or self._count < self.min_probes or self._count < self._probes // 2:
+            return ()
+        self._reported = True
+        step, fn, lo, hi, dev = self._hits[-1]
+        source = f"the output of {self._module or '<model>'}" if self._module is not None else (
+            f"a tensor made by {self._op}" if self._op else "the model output")
+        what = "values all in [0, 1]" if fn == "binary_cross_entropy_with_logits" else \
+            f"non-negative rows summing to 1 (max |sum - 1| = {dev:.2g})"
+        return [self.finding(
+            f"{fn} expects logits but was given probabilities: {source} had {what} on "
+            f"{self._count} of {self._probes} probed steps",
+            module=self._module, step=step, severity="warning",
+            evidence={"loss_function": fn, "min": lo, "max": hi, "max_rowsum_deviation": dev,
+                      "probes_matching": self._count, "probes": self._probes,
+                      "steps": [h[0] for h in self._hits][:8], "producer_op": self._op},
+            next_check="feed_logits_to_the_loss",
+        )]
+
+    def finish(self) -> Iterable[Finding]:
+        return self.observe(())

@@ -1,0 +1,80 @@
+"""``saturation``: hidden sigmoid / tanh units stuck at their flat ends.
+
+Thresholds:
+- ``saturation.fraction`` = 0.5: more than half of a layer's outputs are saturated (pre-
+  activation beyond +-5), DeepDiagnosis's saturation rule; such a layer passes almost no
+  gradient (the derivative there is below 0.007).
+- ``saturation.min_samples`` = 3 sampled steps (0-4, then every 10th), median fraction.
+The output activation (the last module to run) is exempt: a confident sigmoid classifier
+legitimately pushes its outputs to 0 and 1.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._collect.records import StepRecord
+from .._collect.saturation import SaturationWatch
+from .._findings import Finding
+from .base import Detector, RunContext
+
+__all__ = ["SaturationDetector"]
+
+
+class SaturationDetector(Detector):
+    kind = "saturation"
+    boundary = "forward"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.fraction = ctx.threshold("saturation.fraction", 0.5)
+        self.min_samples = int(ctx.threshold("saturation.min_samples", 3))
+        self.watch = SaturationWatch()
+        self._samples: dict[str, collections.deque[tuple[int, float]]] = {}
+        self._reported: set[str] = set()
+
+    def install(self, collector: Any) -> None:
+        self.watch.install(collector)
+
+    def _output_module(self) -> str:
+        """The last leaf module in forward order: the model's output activation, if any."""
+        names = self.ctx.module_names
+        leaves = [names[s] for s in self.ctx.forward_order()
+                  if not any(n.startswith(names[s] + ".") for n in names if names[s])
+                  and names[s]]
+        return leaves[-1] if leaves else ""
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        if not self.watch.sites:
+            return []
+        for rec in records:
+            if not rec.meta.extra.get("saturation") or not rec.has("saturation"):
+                continue
+            for site, frac in rec.mapping("saturation").items():
+                self._samples.setdefault(site, collections.deque(maxlen=self.min_samples)).append((rec.step, frac))
+        found = []
+        output = self._output_module()
+        for site, samples in self._samples.items():
+            if site in self._reported or site == output or len(samples) < self.min_samples:
+                continue
+            median = float(np.median([f for _, f in samples]))
+            if median <= self.fraction:
+                continue
+            self._reported.add(site)
+            mtype = self.ctx.module_types.get(site, "")
+            found.append(self.finding(
+                f"{median:.0%} of the {mtype} outputs of {site} are saturated (pre-activation "
+                f"beyond +-5) over {len(samples)} sampled steps: almost no gradient passes",
+                module=site, step=samples[-1][0], severity="warning",
+                evidence={"saturated_fraction": median, "steps": [s for s, _ in samples],
+                          "fractions": [f for _, f in samples], "threshold": self.fraction},
+                next_check="inspect_initialization_and_input_scale",
+            ))
+        return found
+
+    def finish(self) -> Iterable[Finding]:
+        return self.observe(())

@@ -1,0 +1,132 @@
+"""``unnormalized_input``: inputs far from zero mean and unit scale, or constant features.
+
+Thresholds:
+- ``unnormalized_input.scale`` = 10: reported when max(|mean|, std) of the input, as a median
+  over sampled steps, exceeds 10 (raw 0..255 pixels give ~100). UMLAUT flags anything outside
+  [-1, 1], but standardized data routinely reaches +-4, so we allow an order of magnitude.
+- ``unnormalized_input.tiny`` = 1e-2: reported when every |x| stays below 0.01 (pixels divided
+  by 255 twice): the first layer's activations then sit at initialisation noise.
+- ``unnormalized_input.min_steps`` = 3 sampled steps (steps 0-4, then every 10th).
+A model whose first layer is a normalization layer (BatchNorm, LayerNorm) normalises its own
+inputs, so the scale check is skipped there; constant features are still reported.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+import numpy as np
+
+from .._collect.inputs import InputStats
+from .._collect.records import StepRecord
+from .._collect.transfer import AsyncFetch
+from .._findings import Finding
+from .base import Detector, RunContext
+
+__all__ = ["UnnormalizedInputDetector"]
+
+_NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "InstanceNorm1d",
+          "InstanceNorm2d", "InstanceNorm3d", "LazyBatchNorm1d", "LazyBatchNorm2d")
+
+
+class UnnormalizedInputDetector(Detector):
+    kind = "unnormalized_input"
+    boundary = "data"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.scale = ctx.threshold("unnormalized_input.scale", 10.0)
+        self.tiny = ctx.threshold("unnormalized_input.tiny", 1e-2)
+        self.min_steps = int(ctx.threshold("unnormalized_input.min_steps", 3))
+        self.stats = InputStats()
+        # Bounded: the verdict is a median over the most recent sampled steps.
+        self._samples: collections.deque[tuple[int, float, float, float, float]] = collections.deque(maxlen=50)
+        self._first_sampled: Optional[int] = None
+        self._scale_done = False
+        self._const_done = False
+        self._fetch: Optional[tuple[int, int, AsyncFetch]] = None
+        self._last_step = 0
+
+    def install(self, collector: Any) -> None:
+        self.stats.install(collector)
+
+    def _first_is_norm(self) -> bool:
+        for slot in self.ctx.forward_order():
+            name = self.ctx.module_names[slot]
+            mtype = self.ctx.module_types.get(name, "")
+            if name == "" or mtype in ("Sequential", "ModuleList", "ModuleDict"):
+                continue
+            return mtype in _NORMS
+        return False
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        for rec in records:
+            self._last_step = rec.step
+            if rec.meta.extra.get("input_stats"):
+                lo, hi = rec.value("data.min", "inputs"), rec.value("data.max", "inputs")
+                if len(self._samples) == self.min_steps - 1:
+                    self._first_sampled = rec.step
+                self._samples.append((rec.step, rec.value("input_stats", "mean"),
+                                      rec.value("input_stats", "std"), lo, hi))
+        found = self._scale_finding() + self._constant_finding(block=False)
+        return found
+
+    def finish(self) -> Iterable[Finding]:
+        return self._scale_finding() + self._constant_finding(block=True)
+
+    def _scale_finding(self) -> list[Finding]:
+        if self._scale_done or len(self._samples) < self.min_steps:
+            return []
+        s = np.array([x[1:] for x in self._samples], dtype=np.float64)
+        if not np.isfinite(s).all():
+            return []
+        mean, std = float(np.median(s[:, 0])), float(np.median(s[:, 1]))
+        lo, hi = float(s[:, 2].min()), float(s[:, 3].max())
+        big = max(abs(mean), std)
+        peak = max(abs(lo), abs(hi))
+        if big > self.scale and not self._first_is_norm():
+            problem = (f"inputs have mean {mean:.4g} and std {std:.4g} (range {lo:.4g}..{hi:.4g}); "
+                       "the layers' initialisation assumes roughly zero mean and unit scale")
+        elif 0 < peak < self.tiny:
+            problem = (f"every input value is below {self.tiny:g} in magnitude (range "
+                       f"{lo:.3g}..{hi:.3g}): the inputs look scaled down twice")
+        else:
+            return []
+        self._scale_done = True
+        return [self.finding(
+            problem, step=self._first_sampled if self._first_sampled is not None else self._last_step,
+            severity="warning",
+            evidence={"mean": mean, "std": std, "min": lo, "max": hi,
+                      "steps_sampled": len(self._samples), "scale_threshold": self.scale},
+            next_check="normalize_inputs",
+        )]
+
+    def _constant_finding(self, block: bool) -> list[Finding]:
+        if self._const_done:
+            return []
+        if self._fetch is None:
+            snap = self.stats.snapshot(self.min_steps)
+            if snap is None:
+                return []
+            self._fetch = (snap[0], self._last_step, snap[1])
+        steps, at, fetch = self._fetch
+        result = fetch.result(block=block)
+        if result is None:
+            return []
+        self._fetch = None
+        varied = result[0].astype(bool)
+        const = np.flatnonzero(~varied)
+        if const.size == 0:
+            return []
+        self._const_done = True
+        return [self.finding(
+            f"{const.size} of {varied.size} input features were constant (std 0) in every one "
+            f"of {steps} sampled batches: standardizing them divides by zero, and they carry no "
+            "signal",
+            step=at, severity="warning",
+            evidence={"constant_features": int(const.size), "features": int(varied.size),
+                      "first_constant_features": const[:8].tolist(), "steps_sampled": steps},
+            next_check="inspect_data_pipeline",
+        )]

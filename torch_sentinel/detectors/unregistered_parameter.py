@@ -1,0 +1,127 @@
+"""``unregistered_parameter``: trainable tensors get gradients but no optimizer updates them.
+
+Two sources of evidence:
+- model parameters whose gradient norm is non-zero at the step but that sit in no optimizer
+  param group (a head replaced after the optimizer was built);
+- leaves of the loss's autograd graph that require grad but are neither model parameters nor
+  optimizer parameters nor model inputs (submodules kept in a plain Python list, raw tensors
+  with ``requires_grad``). The graph is walked on the host at steps 0 and 1, then every
+  ``unregistered_parameter.walk_every`` (500) steps: a few milliseconds, no device read.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .._collect.graph import graph_leaves, locate_attribute
+from .._collect.records import StepRecord
+from .._findings import Finding
+from ._common import common_module
+from .base import Detector, RunContext
+
+__all__ = ["UnregisteredParameterDetector"]
+
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+class UnregisteredParameterDetector(Detector):
+    kind = "unregistered_parameter"
+    boundary = "updates"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self.walk_every = int(ctx.threshold("unregistered_parameter.walk_every", 500))
+        self._collector: Any = None
+        self._known: set[int] = set()
+        self._inputs: list[weakref.ref[torch.Tensor]] = []
+        self._stray: dict[str, tuple[str, list[int], int, int]] = {}
+        self._reported: set[str] = set()
+        self._orphans = 0
+
+    def install(self, collector: Any) -> None:
+        self._collector = weakref.ref(collector)
+        if not collector.optimizers:
+            return
+        self._known = {id(p) for p in collector.param_tensors}
+        self._orphans = sum(1 for n, _ in collector.params if n.startswith("<optimizer"))
+        collector.root_input_taps.append(self._on_inputs)
+        collector.backward_taps.append(self._on_backward)
+
+    def _walk_now(self, step: int) -> bool:
+        return step < 2 or step % self.walk_every == 0
+
+    def _on_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._collector()
+        if c is None or _is_compiling() or not self._walk_now(c.step):
+            return
+        from .._collect.collector import iter_tensors
+
+        self._inputs = [weakref.ref(t) for t in iter_tensors((args, kwargs)) if t.requires_grad]
+
+    def _on_backward(self, c: Any, loss: torch.Tensor) -> None:
+        if _is_compiling() or not self._walk_now(c.step) or len(self._stray) >= 32:
+            return
+        inputs = {id(r()) for r in self._inputs if r() is not None}
+        for leaf in graph_leaves(loss):
+            if id(leaf) in self._known or id(leaf) in inputs or not leaf.requires_grad:
+                continue
+            owner, path = locate_attribute(c.map.modules, leaf)
+            label = f"{owner}.{path}" if owner else path
+            if label not in self._stray:
+                self._stray[label] = (owner, list(leaf.shape), int(leaf.numel()), c.step)
+
+    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        if self._collector is None or not self._known:
+            return []
+        found = self._registered_but_unoptimized(records)
+        stray = {k: v for k, v in self._stray.items() if k not in self._reported}
+        if stray:
+            self._reported.update(stray)
+            module = common_module(v[0] for v in stray.values())
+            found.append(self.finding(
+                f"{len(stray)} tensor(s) requiring grad receive gradients in the model's backward "
+                "but are not registered parameters of the model, so no optimizer updates them "
+                f"(kept in a plain list or dict?): {', '.join(sorted(stray)[:4])}",
+                module=module, step=min(v[3] for v in stray.values()), severity="error",
+                evidence={"tensors": {k: v[1] for k, v in sorted(stray.items())[:8]},
+                          "elements": sum(v[2] for v in stray.values())},
+                next_check="register_parameters_with_optimizer",
+            ))
+        return found
+
+    def _registered_but_unoptimized(self, records: Sequence[StepRecord]) -> list[Finding]:
+        opt = self.ctx.optimizer_params
+        candidates = [n for n in self.ctx.param_names if n not in opt and n not in self._reported]
+        if not candidates:
+            return []
+        hit: dict[str, tuple[int, float]] = {}
+        for rec in records:
+            if not rec.meta.backward_calls:
+                continue
+            grads = rec.mapping("grad_norm")
+            missing = set(rec.meta.grad_missing)
+            for n in candidates:
+                if n not in missing and grads.get(n, 0.0) > 0 and n not in hit:
+                    hit[n] = (rec.step, grads[n])
+        if not hit:
+            return []
+        self._reported.update(hit)
+        module = common_module(self.ctx.owner(n) for n in hit)
+        orphans = (f"; the optimizer holds {self._orphans} tensor(s) that are not in the model "
+                   "(was a layer replaced after the optimizer was built?)") if self._orphans else ""
+        return [self.finding(
+            f"{len(hit)} model parameter(s) under {module or '<model>'} receive gradients but are "
+            f"in no optimizer param group{orphans}",
+            module=module, step=min(v[0] for v in hit.values()), severity="error",
+            evidence={"parameters": sorted(hit)[:8],
+                      "grad_norm": {n: v[1] for n, v in sorted(hit.items())[:4]},
+                      "optimizer_tensors_not_in_model": self._orphans},
+            next_check="register_parameters_with_optimizer",
+        )]
+
+    def finish(self) -> Iterable[Finding]:
+        return self.observe(())
