@@ -85,10 +85,7 @@ def test_hooks_add_no_graph_breaks(detectors: str) -> None:
 
 @pytest.mark.parametrize(
     "detectors",
-    ["core", pytest.param("default", marks=pytest.mark.xfail(
-        reason="unnormalized_input's input tap (_collect/inputs.py) branches on the collector's "
-               "step inside the compiled hook: dynamo guards on it and recompiles every step",
-        strict=True))],
+    ["core", "default"],
     ids=["core", "default-detectors"],
 )
 def test_hooks_cause_no_recompiles(detectors: str) -> None:

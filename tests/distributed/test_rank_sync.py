@@ -176,11 +176,7 @@ def _fsdp_norms(rank: int, result: dict[str, Any], kw: dict[str, Any]) -> None:
     fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    # Two detectors do not know FSDP2 yet (reported to their owners): no_update's pre-step
-    # norms (_collect/param_norms.py) take _foreach_norm of the DTensors themselves and raise;
-    # unregistered_parameter's graph walk meets FSDP's unsharded parameters as unknown leaves.
-    sentinel = torch_sentinel.attach(model, opt, check="deferred", update_every=1, flush_every=1000,
-                                     disable={"no_update", "unregistered_parameter"})
+    sentinel = torch_sentinel.attach(model, opt, check="deferred", update_every=1, flush_every=1000)
     recorded: list[dict[str, Any]] = []
     expected: list[dict[str, dict[str, float]]] = []
     for step in range(3):

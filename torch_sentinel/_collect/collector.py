@@ -542,7 +542,8 @@ class Collector:
             t = tensors[i]
             if t is not None and bool(read_now(torch.isfinite(t).all())):
                 row[i] = FLOAT_MAX
-                self.meta.norm_overflow.append(self.params[i][0])
+                if self.params[i][0] not in self.meta.norm_overflow:  # grad, weight: once each
+                    self.meta.norm_overflow.append(self.params[i][0])
 
     def _record_grad_norms(self) -> None:
         grads = [p.grad for p in self.param_tensors]

@@ -44,12 +44,11 @@ class PreStepNorms:
         if self._row == c.step or not sampled(c.step):
             return  # with several optimizers, the first pre-step sees the weights before any
         self._row = c.step
-        tensors = [p.detach() for p in c.param_tensors]
+        tensors: list[Optional[torch.Tensor]] = [p.detach() for p in c.param_tensors]
         if not tensors:
             return
         block = c.ledger.blocks["param_norm_pre"]
-        norms = list(torch._foreach_norm(tensors))
-        if not c._same_device:
-            norms = [t.to(c.device) for t in norms]
-        c.ledger.current[block.start : block.stop].copy_(torch.stack(norms).float())
+        # The collector's own norm routine: one _foreach_norm, sharded (FSDP2) parameters
+        # reduced over their mesh, float32 overflow confirmed.
+        c._copy_norms(block.start, len(tensors), tensors)
         c.meta.extra["pre_norms"] = True

@@ -48,6 +48,10 @@ class UnregisteredParameterDetector(Detector):
             return
         self._known = {id(p) for p in collector.param_tensors}
         self._orphans = sum(1 for n, _ in collector.params if n.startswith("<optimizer"))
+        if collector._sharded:
+            # FSDP2 swaps unsharded copies of the parameters in for the forward: the graph's
+            # leaves are not the registered DTensors, so the walk would see only strangers.
+            return
         collector.root_input_taps.append(self._on_inputs)
         collector.backward_taps.append(self._on_backward)
 
