@@ -203,7 +203,7 @@ class Collector:
 
     def _trainable_params(self) -> list[tuple[str, torch.Tensor]]:
         """Model parameters plus any optimizer parameter that is not in the model."""
-        params = list(self.map.params)
+        params: list[tuple[str, torch.Tensor]] = list(self.map.params)
         seen = {id(p) for _, p in params}
         for oi, opt in enumerate(self.optimizers):
             for gi, group in enumerate(opt.param_groups):
@@ -498,7 +498,7 @@ class Collector:
                 tap(self)
             if self.update_every and self.step % self.update_every == 0 and id(optimizer) not in self._optimizers_stepped:
                 tensors = [p.detach() for p in self.param_tensors]
-                self._shadow = torch._foreach_mul(tensors, 1.0) if tensors else None
+                self._shadow = list(torch._foreach_mul(tensors, 1.0)) if tensors else None
 
     def _copy_norms(self, block_start: int, n: int, tensors: list[Optional[torch.Tensor]]) -> tuple[str, ...]:
         present = [i for i, t in enumerate(tensors) if t is not None]
@@ -507,7 +507,7 @@ class Collector:
             return tuple(self.params[i][0] for i in range(n))
         if self._sharded:
             tensors = [None if t is None else local(t) for t in tensors]
-        norms = torch._foreach_norm([tensors[i] for i in present])  # type: ignore[misc]
+        norms = list(torch._foreach_norm([tensors[i] for i in present]))  # type: ignore[misc]
         if not self._same_device:
             norms = [t.to(self.device) for t in norms]
         stacked = self._sharded.globalize(torch.stack(norms).float(), present)

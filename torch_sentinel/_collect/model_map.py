@@ -23,7 +23,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
             "DataParallel",
             "DistributedDataParallel",
         ):
-            model = model.module
+            inner_module = model.module
+            assert isinstance(inner_module, nn.Module)
+            model = inner_module
             continue
         break
     return model
