@@ -163,6 +163,8 @@ def first_fault_in_row(collector: Collector, ctx: Any, core_width: int, fault: F
     assert values is not None
     row = StepRecord(collector.meta, values[0], collector.ledger.blocks)
     earlier = locate(row, ctx, core_width)
-    if earlier is not None and BOUNDARIES.index(earlier.boundary) < BOUNDARIES.index(fault.boundary):
-        return earlier
+    if earlier is not None and (earlier.step, BOUNDARIES.index(earlier.boundary)) < (
+        fault.step, BOUNDARIES.index(fault.boundary)
+    ):
+        return earlier  # (a weight fault belongs to the previous step, and stays first)
     return fault

@@ -52,6 +52,8 @@ class Rung:
     boundary: str
     module: Optional[str]
     detail: tuple[tuple[str, Any], ...] = ()
+    #: -1 for weights found non-finite before a step: the previous step's update made them.
+    step_offset: int = 0
 
 
 class _Priorities:
@@ -84,6 +86,9 @@ class _Priorities:
         L = c.ledger
         names = c.module_names
         slots: list[tuple[list[int], Rung, bool]] = []  # (row slots, rung, gradient rung)
+        weights = c.param_block  # pre-step weight norms: the previous update, before all else
+        for i, key in enumerate(weights.keys):
+            slots.append(([weights.start + i], Rung("updates", self._owner(key), (("parameter", key),), -1), False))
         d_lo, d_hi = c.data_lo.start, c.data_hi.start
         slots.append(([d_lo, d_hi], Rung("data", None, (("input", "args[0]"),)), False))
         slots.append(([d_lo + 1, d_hi + 1], Rung("data", None, (("input", "extra input"),)), False))
@@ -101,9 +106,9 @@ class _Priorities:
                                                   (("parameter", grads.keys[i]),)), True))
         stale = L.blocks["misc"].index("stale_grad_norm")
         slots.append(([stale], Rung("gradients", None, (("present", "stale gradients"),)), True))
-        for block in (c.param_block, c.update_block):
-            for i, key in enumerate(block.keys):
-                slots.append(([block.start + i], Rung("updates", self._owner(key), (("parameter", key),)), False))
+        update = c.update_block
+        for i, key in enumerate(update.keys):
+            slots.append(([update.start + i], Rung("updates", self._owner(key), (("parameter", key),)), False))
         self.rungs = [rung for _, rung, _ in slots]
         plain = [float(len(slots))] * self.width
         amp = list(plain)
@@ -209,10 +214,11 @@ class RankSync:
             self._decide(self._fault(step, level, rank), rank)
 
     def _fault(self, step: int, level: int, rank: int) -> Fault:
+        rung = self._prio.rungs[level]
+        step = max(step + rung.step_offset, 0)
         held = self._held
         if rank == self.rank and held is not None and held.step == step:
             return held  # this rank saw it happen: exact evidence
-        rung = self._prio.rungs[level]
         detail = dict(rung.detail)
         detail.setdefault("present", "non-finite values")
         detail["reported_by_rank"] = rank

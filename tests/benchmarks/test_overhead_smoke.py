@@ -14,13 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import models as bench_models  # noqa: E402
 from benchmarks import overhead  # noqa: E402
-from benchmarks.variants import DEFAULT_VARIANTS  # noqa: E402
+from benchmarks.variants import DEFAULT_VARIANTS, Variant  # noqa: E402
 
 SENTINEL_VARIANTS = ("sentinel", "sentinel_deferred", "sentinel_tb")
 
@@ -188,3 +190,25 @@ def test_gpu_targets_are_tighter_under_compile_and_need_zero_syncs() -> None:
         "compiled gpt: sentinel default / bare <= 1.01": False,
         "compiled gpt: sentinel_deferred under set_sync_debug_mode('error')": False,
     }
+
+
+class _BreaksAtStep(Variant):
+    name = "breaks"
+
+    def after_backward(self, step: int) -> None:
+        if step == 3:
+            raise ValueError("boom at step 3")
+
+
+def test_a_variant_that_raises_mid_run_is_dropped_and_the_others_keep_their_rounds(
+    tmp_path: Path,
+) -> None:
+    cpu = torch.device("cpu")
+    contestants = {
+        name: overhead.Contestant(bench_models.build("mlp", cpu, tiny=True), variant, str(tmp_path))
+        for name, variant in (("bare", Variant()), ("breaks", _BreaksAtStep()))
+    }
+    failed: dict[str, str] = {}
+    per_step = overhead._time_rounds(contestants, cpu, rounds=3, steps=2, failed=failed)
+    assert set(per_step) == {"bare"} and len(per_step["bare"]) == 3
+    assert "boom at step 3" in failed["breaks"] and "round 1" in failed["breaks"]

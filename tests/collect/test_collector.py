@@ -94,7 +94,9 @@ def test_grad_and_param_norms_match_torch() -> None:
         c.close()
     rec = records[0]
     assert rec.mapping("grad_norm") == pytest.approx(grad_norms, rel=1e-5)
-    assert rec.mapping("param_norm") == pytest.approx({n: p.norm().item() for n, p in model.named_parameters()}, rel=1e-5)
+    # Weight norms are taken before the update: the weights the step found.
+    assert rec.mapping("param_norm") == pytest.approx({n: p.norm().item() for n, p in before.items()}, rel=1e-5)
+    assert rec.meta.weights_recorded
     assert rec.mapping("update_norm") == pytest.approx(
         {n: (p.detach() - before[n]).norm().item() for n, p in model.named_parameters()}, rel=1e-4)
     assert rec.meta.updates_sampled

@@ -78,6 +78,25 @@ def test_nan_in_the_batch_is_a_data_fault_not_the_first_layers(kind: str, check_
         raise err
 
 
+def _overflow_output_at(model: nn.Module, module_path: str, step_at: int) -> list[int]:
+    """Make ``module_path`` emit an Inf at step ``step_at``, as an overflowing op inside it would.
+
+    The hook is registered before attach, so it runs before the sentinel's, which sees the
+    replaced output; the module's weights stay finite."""
+    calls = [0]
+
+    def overflow(module: nn.Module, args: object, out: torch.Tensor) -> Optional[torch.Tensor]:
+        calls[0] += 1
+        if calls[0] - 1 != step_at:
+            return None
+        spike = torch.zeros_like(out)
+        spike.view(-1)[0] = math.inf
+        return out + spike  # a forward hook's return value replaces the module's output
+
+    model.get_submodule(module_path).register_forward_hook(overflow)
+    return calls
+
+
 def _poison_weight(step_at: int, module_path: str):
     def before_step(step: int, model: nn.Module) -> None:
         if step == step_at:
@@ -96,10 +115,27 @@ def test_forward_fault_names_the_first_module_in_execution_order(kind: str, modu
     model = MODELS[kind]()
     model.eval() if kind == "transformer" else None  # no dropout: keep the forward deterministic
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    err, _ = _run(model, opt, kind, 5, check_mode, before_step=_poison_weight(2, module))
+    _overflow_output_at(model, module, 2)
+    err, _ = _run(model, opt, kind, 5, check_mode)
     assert err is not None
     assert (err.step, err.boundary, err.module) == (2, "forward", module)
     assert module in str(err) and "next:" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("kind", "module"),
+    [("mlp", "fc2"), ("cnn", "features.3")],
+    ids=["mlp", "cnn"],
+)
+def test_weights_found_non_finite_are_charged_to_the_previous_update(kind: str, module: str, check_mode: str) -> None:
+    torch.manual_seed(0)
+    model = MODELS[kind]()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    err, _ = _run(model, opt, kind, 5, check_mode, before_step=_poison_weight(2, module))
+    assert err is not None
+    assert (err.step, err.boundary, err.module) == (1, "updates", module)
+    assert err.evidence["parameter"] == f"{module}.weight"
+    assert re.search(r"code that changed them between steps", str(err))
 
 
 def test_functional_fault_between_submodules_is_blamed_on_the_caller() -> None:
@@ -315,7 +351,8 @@ def test_hf_model_nan_is_caught_in_the_right_layer(check_mode: str) -> None:
     finally:
         s.detach()
     assert err is not None
-    assert (err.step, err.boundary, err.module) == (2, "forward", "transformer.h.1.mlp.c_fc")
+    # The weights were non-finite when step 2 began: charged to the update of step 1.
+    assert (err.step, err.boundary, err.module) == (1, "updates", "transformer.h.1.mlp.c_fc")
 
 
 def test_cnn_and_transformer_models_are_quiet_in_both_modes(check_mode: str) -> None:

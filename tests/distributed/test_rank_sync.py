@@ -192,7 +192,7 @@ def _fsdp_norms(rank: int, result: dict[str, Any], kw: dict[str, Any]) -> None:
         ref_opt.step()
         expected.append({
             "grad_norm": grads,
-            "param_norm": {n: float(p.detach().norm()) for n, p in reference.named_parameters()},
+            "param_norm": {n: float(p.norm()) for n, p in before.items()},  # weights the step found
             "update_norm": {n: float((p.detach() - before[n]).norm()) for n, p in reference.named_parameters()},
         })
     sentinel.flush()

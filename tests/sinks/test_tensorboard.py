@@ -92,7 +92,7 @@ class Loop:
             self.sched.step()
             after = list(self.model.fc2.parameters())
             delta = math.sqrt(sum(((a - b) ** 2).sum().item() for a, b in zip(after, before)))
-            weight = math.sqrt(sum((a**2).sum().item() for a in after))
+            weight = math.sqrt(sum((b**2).sum().item() for b in before))  # the weights the step found
             self.update_ratio_fc2.append(delta / weight)
             self.losses.append(loss.item())
         handle.remove()

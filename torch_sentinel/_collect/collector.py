@@ -29,7 +29,7 @@ from .records import StepMeta, StepRecord, TensorEvidence
 from .shards import ShardedNorms, local
 from .transfer import HostRing, read_now
 
-__all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence"]
+__all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence", "weight_fault"]
 
 #: meta.shapes keys of the main and the extra model inputs (module slots are >= 0).
 DATA_SHAPE_KEYS = (-1, -2)
@@ -50,6 +50,23 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         elif isinstance(obj, Mapping):
             for item in obj.values():
                 yield from iter_tensors(item, depth + 1)
+
+
+#: Modules that cannot turn finite inputs into non-finite outputs: activations, dropout,
+#: pooling, reshapes. A non-finite value at their output was already non-finite at their input,
+#: where the module that produced it is checked, so reducing their outputs again would only cost
+#: bandwidth (on a CNN, half of all forward activation passes). Their output *gradients* are
+#: still checked: they carry what the next module's backward produced.
+VALUE_PRESERVING: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU,
+    nn.Mish, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.Softsign,
+    nn.LogSigmoid, nn.Softplus, nn.Softmax, nn.LogSoftmax,
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+    nn.Identity, nn.Flatten, nn.Unflatten, nn.PixelShuffle, nn.PixelUnshuffle,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d,
+)
 
 
 def _reducible(t: torch.Tensor) -> bool:
@@ -89,6 +106,18 @@ class Fault:
         self.module = module
         self.evidence = evidence
         self.detail = detail
+
+
+def weight_fault(step: int, module: Optional[str], parameter: str, norm: Optional[float]) -> Fault:
+    """Weights found non-finite at the start of ``step``: the update of the step before made
+    them (at step 0: the initial weights, or a checkpoint, were already non-finite)."""
+    detail: dict[str, Any] = {"present": "non-finite parameter after the optimizer step", "parameter": parameter}
+    if norm is not None:
+        detail["param_norm"] = norm
+    if step == 0:
+        detail["present"] = "non-finite parameter before the first step (initialisation or checkpoint)"
+    return Fault(max(step - 1, 0), "updates", module, TensorEvidence(), detail)
+
 
 
 class _LossListener:
@@ -169,7 +198,9 @@ class Collector:
         self._install_layout()
         self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows)
         self.meta = StepMeta(step=0)
-        self._hooked_outputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        #: Tensors reduced in this step (weakly held): a container returning its last child's
+        #: output must not reduce it, or hook its gradient, a second time.
+        self._reduced: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._forward_seq: dict[int, int] = {}
         self._pending_scaled: Optional[tuple[weakref.ref[torch.Tensor], torch.Tensor, Any]] = None
         self._forward_since_backward = False
@@ -224,13 +255,17 @@ class Collector:
         self.loss_block = L.add_block("loss", ["auto", "explicit", "validation"])
         self.og_lo, self.og_hi = L.add_minmax_block("outgrad", names)
         self.grad_block = L.add_block("grad_norm", pnames)
+        # Right after grad_norm: _record_norms fills both blocks with one _foreach_norm.
         self.param_block = L.add_block("param_norm", pnames)
+        assert self.param_block.start == self.grad_block.stop
         self.update_block = L.add_block("update_norm", pnames)
         self.misc_block = L.add_block("misc", ["stale_grad_norm", "amp_scale"])
         self._module_slot = {id(m): i for i, (_, m) in enumerate(self.map.modules)}
+        self._checked = [not isinstance(m, VALUE_PRESERVING) for _, m in self.map.modules]
         self.module_names = names
         self._same_device = all(p.device == self.device for p in self.param_tensors)
         self._sharded = ShardedNorms(self.param_tensors)
+        self._sharded_pairs = ShardedNorms(self.param_tensors + self.param_tensors)
         total_bytes = sum(p.numel() * p.element_size() for p in self.param_tensors)
         self.update_copy_bytes = total_bytes
 
@@ -323,23 +358,32 @@ class Collector:
         if self.disabled or not torch.is_grad_enabled():
             return None
         compiling = _is_compiling()
-        lo = self.act_lo.start + slot
-        hi = self.act_hi.start + slot
         self._forward_since_backward = True
         taps = self.output_taps.get(id(module))
-        for t in iter_tensors(output):
+        checked = self._checked[slot]
+        lo = self.act_lo.start + slot
+        hi = self.act_hi.start + slot
+        for t in (output,) if type(output) is torch.Tensor else iter_tensors(output):
             if not _reducible(t):
                 continue
-            self._reduce_into(t, lo, hi)
             if taps:
                 for tap in taps:
                     tap(module, t)
             if compiling:
+                if checked:
+                    self._reduce_into(t, lo, hi)
                 continue
-            self.meta.shapes[slot] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
-            if t.requires_grad and t not in self._hooked_outputs:
-                self._hooked_outputs[t] = slot
+            if t in self._reduced:
+                continue  # a submodule's output returned as is: already reduced and hooked
+            self._reduced[t] = slot
+            if t.requires_grad:
+                # Even after a value-preserving module: the gradient arriving here is what the
+                # next module's backward produced, and ReLU's backward may mask it away later.
                 t.register_hook(functools.partial(self._on_output_grad, slot))
+            if not checked:
+                continue
+            self._reduce_into(t, lo, hi)
+            self.meta.shapes[slot] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
             if self.immediate and not (self._finite(lo) and self._finite(hi)):
                 self._forward_fault(slot, module, args, t)
         if not compiling and slot not in self._forward_seq:
@@ -354,6 +398,12 @@ class Collector:
 
     def _forward_fault(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor) -> None:
         name = self.module_names[slot]
+        for pname, p in module.named_parameters(recurse=False):
+            if not bool(read_now(torch.isfinite(p.detach()).all())):
+                # Finite inputs, non-finite weights: the previous optimizer step made them.
+                qual = f"{name}.{pname}" if name else pname
+                self.on_fault(weight_fault(self.step, name, qual, None))
+                return
         inputs_finite = True
         for a in iter_tensors(args):
             if _reducible(a) and not bool(read_now(torch.isfinite(a.detach()).all())):
@@ -493,24 +543,42 @@ class Collector:
 
     def _before_update(self, optimizer: Any) -> None:
         with torch.no_grad():
-            self._record_grad_norms()
+            self._record_norms()
             for tap in self.step_taps:
                 tap(self)
             if self.update_every and self.step % self.update_every == 0 and id(optimizer) not in self._optimizers_stepped:
                 tensors = [p.detach() for p in self.param_tensors]
                 self._shadow = list(torch._foreach_mul(tensors, 1.0)) if tensors else None
 
-    def _copy_norms(self, block_start: int, n: int, tensors: list[Optional[torch.Tensor]]) -> tuple[str, ...]:
+    def _record_norms(self) -> None:
+        """Gradient and weight norms of every parameter, before the update, in one _foreach_norm.
+
+        The weights before step k are the weights after step k-1 (nothing else runs between the
+        optimizer steps of a healthy loop), so one pass serves the gradient and the update
+        boundaries; a non-finite weight here is charged to the update of the previous step.
+        """
+        grads = [p.grad for p in self.param_tensors]
+        weights: list[Optional[torch.Tensor]] = [p.detach() for p in self.param_tensors]
+        missing = self._copy_norms(self.grad_block.start, grads + weights, self._sharded_pairs)
+        self.meta.grad_missing = tuple(self.params[i][0] for i in missing)
+        self.meta.frozen = tuple(n for n, p in self.params if not p.requires_grad)
+        self.meta.weights_recorded = True
+
+    def _copy_norms(
+        self, block_start: int, tensors: list[Optional[torch.Tensor]], sharded: ShardedNorms
+    ) -> list[int]:
+        """L2 norms of ``tensors`` into consecutive slots from ``block_start``; the indices of
+        the tensors that are None (their slots are left alone) are returned."""
+        n = len(tensors)
         present = [i for i, t in enumerate(tensors) if t is not None]
-        missing: tuple[str, ...] = ()
         if not present:
-            return tuple(self.params[i][0] for i in range(n))
-        if self._sharded:
+            return list(range(n))
+        if sharded:
             tensors = [None if t is None else local(t) for t in tensors]
         norms = list(torch._foreach_norm([tensors[i] for i in present]))  # type: ignore[misc]
         if not self._same_device:
             norms = [t.to(self.device) for t in norms]
-        stacked = self._sharded.globalize(torch.stack(norms).float(), present)
+        stacked = sharded.globalize(torch.stack(norms).float(), present)
         dest = self.ledger.current[block_start : block_start + n]
         if len(present) == n:
             dest.copy_(stacked)
@@ -521,12 +589,11 @@ class Collector:
                 index = torch.tensor(present, device=self.device)
                 self._missing_index_cache = {key: index}
             dest.index_copy_(0, index, stacked)
-            missing = tuple(self.params[i][0] for i in range(n) if tensors[i] is None)
         if self.ledger.host_view is not None:
-            self._confirm_norm_overflow(block_start, n, tensors)
-        return missing
+            self._confirm_norm_overflow(block_start, tensors)
+        return [i for i in range(n) if tensors[i] is None]
 
-    def _confirm_norm_overflow(self, start: int, n: int, tensors: list[Optional[torch.Tensor]]) -> None:
+    def _confirm_norm_overflow(self, start: int, tensors: list[Optional[torch.Tensor]]) -> None:
         """An L2 norm of +inf may be float32 overflow of finite values (|x| > ~1e19): confirm
         exactly, while the tensors are still live, before the row can claim a non-finite value.
 
@@ -536,33 +603,26 @@ class Collector:
         """
         hv = self.ledger.host_view
         assert hv is not None
-        row = hv[start : start + n]
-        overflowed = np.flatnonzero(np.isposinf(row))
-        for i in overflowed.tolist():
+        row = hv[start : start + len(tensors)]
+        for i in np.flatnonzero(np.isposinf(row)).tolist():
             t = tensors[i]
             if t is not None and bool(read_now(torch.isfinite(t).all())):
                 row[i] = FLOAT_MAX
-                if self.params[i][0] not in self.meta.norm_overflow:  # grad, weight: once each
-                    self.meta.norm_overflow.append(self.params[i][0])
-
-    def _record_grad_norms(self) -> None:
-        grads = [p.grad for p in self.param_tensors]
-        self.meta.grad_missing = self._copy_norms(self.grad_block.start, len(grads), grads)
-        self.meta.frozen = tuple(n for n, p in self.params if not p.requires_grad)
+                name = self.params[i % len(self.params)][0]
+                if name not in self.meta.norm_overflow:  # gradient and weight: once each
+                    self.meta.norm_overflow.append(name)
 
     def _on_post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled:
             return
         if self._scaler_depth:
             self._stepped_in_scaler = True
-        with torch.no_grad():
-            tensors: list[Optional[torch.Tensor]] = [p.detach() for p in self.param_tensors]
-            self._copy_norms(self.param_block.start, len(tensors), tensors)
-            if self._shadow is not None:
+        if self._shadow is not None:
+            with torch.no_grad():
                 torch._foreach_sub_(self._shadow, [p.detach() for p in self.param_tensors])
-                self._copy_norms(self.update_block.start, len(self._shadow), list(self._shadow))
-                self._shadow = None
-                self.meta.updates_sampled = True
+                self._copy_norms(self.update_block.start, list(self._shadow), self._sharded)
+            self._shadow = None
+            self.meta.updates_sampled = True
         self.meta.lrs.extend(_lr(g) for g in optimizer.param_groups)
         self.meta.lr_names.extend(
             str(g.get("name", f"group{i}")) if len(self.optimizers) == 1 else f"opt{self.optimizers.index(optimizer)}.{g.get('name', f'group{i}')}"
@@ -589,7 +649,7 @@ class Collector:
         self.ledger.reset()
         self.step += 1
         self.meta = StepMeta(step=self.step)
-        self._hooked_outputs = WeakIdKeyDictionary()
+        self._reduced = WeakIdKeyDictionary()
         self._optimizers_stepped = set()
         self._pending_scaled = None
         self.drain()

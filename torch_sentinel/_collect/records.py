@@ -32,6 +32,8 @@ class StepMeta:
     bwd_order: list[int] = dataclasses.field(default_factory=list)
     #: (shape, dtype) of the last tensor reduced into each forward slot.
     shapes: dict[int, tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=dict)
+    #: The weight norms in ``param_norm`` were taken at this step's optimizer pre-step hook.
+    weights_recorded: bool = False
     updates_sampled: bool = False
     stale_grads: int = 0
     #: Parameters whose gradient or weight L2 norm overflowed float32 although every value was

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
-from .._collect.param_norms import PreStepNorms
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ._common import common_module
@@ -47,7 +46,6 @@ class NoUpdateDetector(Detector):
         self._collector: Any = None
 
     def install(self, collector: Any) -> None:
-        PreStepNorms.shared(self.ctx.extras, collector)
         self._collector = collector
 
     def _watched(self) -> list[str]:
@@ -59,8 +57,8 @@ class NoUpdateDetector(Detector):
         for rec in records:
             lrs = [lr for lr in rec.meta.lrs if lr is not None]
             prev = self._prev
-            if prev is not None and prev.step == rec.step - 1 and prev.meta.extra.get("pre_norms") \
-                    and rec.meta.extra.get("pre_norms") and prev.meta.backward_calls and not prev.meta.amp_skipped:
+            if prev is not None and prev.step == rec.step - 1 and prev.meta.weights_recorded \
+                    and rec.meta.weights_recorded and prev.meta.backward_calls and not prev.meta.amp_skipped:
                 self._compare(prev, rec, watched)
             if lrs:
                 self._max_lr = max(self._max_lr, max(lrs))
@@ -80,7 +78,7 @@ class NoUpdateDetector(Detector):
         return len(meta.grad_missing) >= len(watched) and set(watched) <= set(meta.grad_missing)
 
     def _compare(self, prev: StepRecord, rec: StepRecord, watched: list[str]) -> None:
-        pre0, pre1, grads = prev.mapping("param_norm_pre"), rec.mapping("param_norm_pre"), prev.mapping("grad_norm")
+        pre0, pre1, grads = prev.mapping("param_norm"), rec.mapping("param_norm"), prev.mapping("grad_norm")
         lrs = [lr for lr in prev.meta.lrs if lr is not None]
         decayed = bool(lrs) and self._max_lr > 0 and max(lrs) < 1e-3 * self._max_lr
         lr_zero = bool(lrs) and max(lrs) == 0

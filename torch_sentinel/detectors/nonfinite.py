@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._collect.collector import DATA_SHAPE_KEYS, Fault
+from .._collect.collector import DATA_SHAPE_KEYS, Fault, weight_fault
 from .._collect.records import StepRecord, TensorEvidence
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding
@@ -63,6 +63,12 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
         return None
     meta = record.meta
     step = meta.step
+
+    # The weights as this step found them (its pre-step norms): a non-finite weight was made by
+    # the previous step's update, which comes before everything else in this row.
+    weight_fault = _weight_fault(record, ctx)
+    if weight_fault is not None:
+        return weight_fault
 
     # data: the main input must be finite; extra inputs (masks) may hold -inf.
     dlo, dhi = record.array("data.min"), record.array("data.max")
@@ -132,15 +138,6 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
                 "present": "non-finite gradients carried over from the previous step",
             })
 
-    params = record.array("param_norm")
-    if not np.isfinite(params).all():
-        names = record.keys("param_norm")
-        for i, name in enumerate(names):
-            if _norm_is_nonfinite(params[i], ctx):
-                return Fault(step, "updates", ctx.owner(name), TensorEvidence(), {
-                    "present": "non-finite parameter after the optimizer step",
-                    "parameter": name, "param_norm": float(params[i]),
-                })
     updates = record.array("update_norm")
     bad_updates = [i for i, u in enumerate(updates.tolist()) if _norm_is_nonfinite(u, ctx)]
     if bad_updates:
@@ -149,6 +146,18 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
         return Fault(step, "updates", ctx.owner(names[i]), TensorEvidence(), {
             "present": "non-finite update", "parameter": names[i],
         })
+    return None
+
+
+def _weight_fault(record: StepRecord, ctx: RunContext) -> Optional[Fault]:
+    if not record.meta.weights_recorded:
+        return None
+    params = record.array("param_norm")
+    if np.isfinite(params).all():
+        return None
+    for i, name in enumerate(record.keys("param_norm")):
+        if _norm_is_nonfinite(params[i], ctx):
+            return weight_fault(record.step, ctx.owner(name), name, float(params[i]))
     return None
 
 
@@ -217,6 +226,11 @@ def _next_check(fault: Fault, ratio: Optional[dict[str, Any]]) -> str:
                 "function with an infinite derivative at the point reached (sqrt or norm at 0, "
                 "log at 0, pow with a fractional exponent): add an epsilon." + hint_ratio)
     if b == "updates":
+        if "param_norm" in fault.detail or fault.detail.get("present", "").startswith("non-finite parameter"):
+            return ("the weights were already non-finite when the next step began: made by this "
+                    "optimizer step (a learning rate too high, an optimizer eps of 0, a non-finite "
+                    "lr) or by code that changed them between steps (a checkpoint load, weight "
+                    "surgery)." + hint_ratio)
         return ("gradients were finite but the optimizer step produced non-finite weights: a "
                 "learning rate too high, an optimizer eps of 0, or a non-finite lr." + hint_ratio)
     return "inspect the evidence at this boundary."
