@@ -70,7 +70,7 @@ VALUE_PRESERVING: tuple[type[nn.Module], ...] = (
 
 
 def _reducible(t: torch.Tensor) -> bool:
-    return t.is_floating_point() and t.numel() > 0 and t.device.type != "meta" and not t.is_sparse
+    return t.is_floating_point() and not t.is_meta and not t.is_sparse and t.numel() > 0
 
 
 def tensor_evidence(t: torch.Tensor) -> TensorEvidence:
@@ -262,6 +262,9 @@ class Collector:
         self.misc_block = L.add_block("misc", ["stale_grad_norm", "amp_scale"])
         self._module_slot = {id(m): i for i, (_, m) in enumerate(self.map.modules)}
         self._checked = [not isinstance(m, VALUE_PRESERVING) for _, m in self.map.modules]
+        self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(names))]
+        #: Slot pairs already written in this step (the rest still hold their initial values).
+        self._written: set[int] = set()
         self.module_names = names
         self._same_device = all(p.device == self.device for p in self.param_tensors)
         self._sharded = ShardedNorms(self.param_tensors)
@@ -297,9 +300,20 @@ class Collector:
     def _finite(self, i: int) -> bool:
         return math.isfinite(self._host_value(i))
 
-    def _reduce_into(self, t: torch.Tensor, lo: int, hi: int) -> None:
+    def _reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False) -> None:
+        """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device.
+
+        The first write of a pair in a step is a single ``aminmax(out=...)``; later writes (a
+        module called twice, gradient accumulation) fold with ``minimum``/``maximum``. Which is
+        which is host bookkeeping, skipped while tracing under torch.compile.
+        """
         views = self.ledger.views
-        mn, mx = torch.aminmax(t.detach())
+        d = t.detach()
+        if not compiling and d.dtype is torch.float32 and lo not in self._written:
+            self._written.add(lo)
+            torch.aminmax(d, out=(views[lo], views[hi]))
+            return
+        mn, mx = torch.aminmax(d)
         torch.minimum(views[lo], mn, out=views[lo])
         torch.maximum(views[hi], mx, out=views[hi])
 
@@ -332,9 +346,9 @@ class Collector:
     def _reduce_data(self, t: torch.Tensor, *, main: bool, compiling: bool, name: Optional[str]) -> None:
         k = 0 if main else 1
         lo, hi = self.data_lo.start + k, self.data_hi.start + k
-        self._reduce_into(t, lo, hi)
+        self._reduce_into(t, lo, hi, compiling)
         if not compiling:
-            self.meta.shapes[DATA_SHAPE_KEYS[k]] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
+            self.meta.shapes[DATA_SHAPE_KEYS[k]] = (t.shape, t.dtype)
         if main:
             for tap in self.input_taps:
                 tap(t.detach())
@@ -371,7 +385,7 @@ class Collector:
                     tap(module, t)
             if compiling:
                 if checked:
-                    self._reduce_into(t, lo, hi)
+                    self._reduce_into(t, lo, hi, compiling=True)
                 continue
             if t in self._reduced:
                 continue  # a submodule's output returned as is: already reduced and hooked
@@ -379,11 +393,11 @@ class Collector:
             if t.requires_grad:
                 # Even after a value-preserving module: the gradient arriving here is what the
                 # next module's backward produced, and ReLU's backward may mask it away later.
-                t.register_hook(functools.partial(self._on_output_grad, slot))
+                t.register_hook(self._grad_hooks[slot])
             if not checked:
                 continue
             self._reduce_into(t, lo, hi)
-            self.meta.shapes[slot] = (tuple(t.shape), str(t.dtype).replace("torch.", ""))
+            self.meta.shapes[slot] = (t.shape, t.dtype)  # formatted only when a fault is reported
             if self.immediate and not (self._finite(lo) and self._finite(hi)):
                 self._forward_fault(slot, module, args, t)
         if not compiling and slot not in self._forward_seq:
@@ -650,6 +664,7 @@ class Collector:
         self.step += 1
         self.meta = StepMeta(step=self.step)
         self._reduced = WeakIdKeyDictionary()
+        self._written = set()
         self._optimizers_stepped = set()
         self._pending_scaled = None
         self.drain()

@@ -9,7 +9,15 @@ import numpy as np
 
 from .ledger import SlotRange
 
-__all__ = ["StepMeta", "StepRecord", "TensorEvidence"]
+__all__ = ["StepMeta", "StepRecord", "TensorEvidence", "shape_and_dtype"]
+
+
+def shape_and_dtype(entry: Optional[tuple[Any, Any]]) -> tuple[Optional[tuple[int, ...]], Optional[str]]:
+    """A ``StepMeta.shapes`` entry as plain values: ``((8, 16), "float32")``."""
+    if not entry:
+        return None, None
+    shape, dtype = entry
+    return tuple(int(s) for s in shape), str(dtype).replace("torch.", "")
 
 
 @dataclasses.dataclass
@@ -30,8 +38,9 @@ class StepMeta:
     frozen: tuple[str, ...] = ()
     #: Output-gradient slots (indices into the outgrad block) in the order backward reached them.
     bwd_order: list[int] = dataclasses.field(default_factory=list)
-    #: (shape, dtype) of the last tensor reduced into each forward slot.
-    shapes: dict[int, tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=dict)
+    #: (torch.Size, torch.dtype) of the last tensor reduced into each forward slot; kept raw on
+    #: the hot path, formatted by :func:`shape_and_dtype` when a fault is reported.
+    shapes: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     #: The weight norms in ``param_norm`` were taken at this step's optimizer pre-step hook.
     weights_recorded: bool = False
     updates_sampled: bool = False

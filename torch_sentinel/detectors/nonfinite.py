@@ -15,7 +15,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .._collect.collector import DATA_SHAPE_KEYS, Fault, weight_fault
-from .._collect.records import StepRecord, TensorEvidence
+from .._collect.records import StepRecord, TensorEvidence, shape_and_dtype
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding
 from .base import RunContext
@@ -78,8 +78,7 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
         k = 0 if main_bad else 1
         ev = _flags(float(dlo[k]), float(dhi[k]))
         shape = meta.shapes.get(DATA_SHAPE_KEYS[k])
-        if shape:
-            ev.shape, ev.dtype = shape
+        ev.shape, ev.dtype = shape_and_dtype(shape)
         return Fault(step, "data", None, ev, {"present": _present(float(dlo[k]), float(dhi[k])),
                                                "input": "args[0]" if main_bad else "extra input"})
 
@@ -90,8 +89,7 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
             if bad[slot]:
                 ev = _flags(float(alo[slot]), float(ahi[slot]))
                 shape = meta.shapes.get(slot)
-                if shape:
-                    ev.shape, ev.dtype = shape
+                ev.shape, ev.dtype = shape_and_dtype(shape)
                 name = ctx.module_names[slot]
                 return Fault(step, "forward", name, ev, {
                     "present": _present(float(alo[slot]), float(ahi[slot])),
@@ -116,8 +114,7 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
                     culprit = ctx.module_names[previous] if previous is not None else None
                     ev = _flags(float(glo[slot]), float(ghi[slot]))
                     shape = meta.shapes.get(slot)  # a gradient has the shape of the output it belongs to
-                    if shape:
-                        ev.shape, ev.dtype = shape
+                    ev.shape, ev.dtype = shape_and_dtype(shape)
                     return Fault(step, "gradients", culprit, ev, {
                         "present": _present(float(glo[slot]), float(ghi[slot])),
                         "incoming_to": ctx.module_names[slot],
