@@ -265,6 +265,8 @@ class Collector:
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(names))]
         #: Slot pairs already written in this step (the rest still hold their initial values).
         self._written: set[int] = set()
+        #: Set once a hook was traced by torch.compile: its host checks never run.
+        self._traced = False
         self.module_names = names
         self._same_device = all(p.device == self.device for p in self.param_tensors)
         self._sharded = ShardedNorms(self.param_tensors)
@@ -384,6 +386,7 @@ class Collector:
                 for tap in taps:
                     tap(module, t)
             if compiling:
+                self._traced = True  # runs once, while tracing: host checks are off from now on
                 if checked:
                     self._reduce_into(t, lo, hi, compiling=True)
                 continue
@@ -572,11 +575,29 @@ class Collector:
         boundaries; a non-finite weight here is charged to the update of the previous step.
         """
         grads = [p.grad for p in self.param_tensors]
-        weights: list[Optional[torch.Tensor]] = [p.detach() for p in self.param_tensors]
-        missing = self._copy_norms(self.grad_block.start, grads + weights, self._sharded_pairs)
+        if self._weights_due():
+            weights: list[Optional[torch.Tensor]] = [p.detach() for p in self.param_tensors]
+            missing = self._copy_norms(self.grad_block.start, grads + weights, self._sharded_pairs)
+            self.meta.weights_recorded = True
+        else:
+            missing = self._copy_norms(self.grad_block.start, grads, self._sharded)
         self.meta.grad_missing = tuple(self.params[i][0] for i in missing)
         self.meta.frozen = tuple(n for n, p in self.params if not p.requires_grad)
-        self.meta.weights_recorded = True
+
+    def _weights_due(self) -> bool:
+        """Whether this step reads every weight for its norm.
+
+        Deferred mode needs them every step: the row is the only evidence that an update made
+        a weight non-finite. Immediate mode finds that exactly without them: the first forward
+        that uses such a weight goes non-finite, and its hook checks that module's weights on
+        the spot (``_forward_fault``). There they are read on the first ten steps, then on
+        pairs of consecutive steps every ten (what ``no_update`` compares), and with every
+        sampled update: a pass over all weights saved on four steps in five.
+        """
+        if not self.immediate or self._traced:
+            return True
+        step = self.step
+        return step < 10 or step % 10 in (0, 1) or bool(self.update_every and step % self.update_every == 0)
 
     def _copy_norms(
         self, block_start: int, tensors: list[Optional[torch.Tensor]], sharded: ShardedNorms
