@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+from types import ModuleType
 from typing import Callable, Optional
 
 import torch
@@ -83,3 +86,15 @@ def train(
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+EXAMPLES = pathlib.Path(__file__).parent.parent / "examples"
+
+
+def load_program(path: pathlib.Path, prefix: str) -> ModuleType:
+    """Import an example program (examples/faults, examples/healthy) by path."""
+    spec = importlib.util.spec_from_file_location(f"{prefix}_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import pathlib
 import warnings
-from types import ModuleType
 
 import pytest
-import torch
+from helpers import EXAMPLES, load_program
 
 import torch_sentinel
 
-FAULTS = sorted((pathlib.Path(__file__).parent.parent / "examples" / "faults").glob("*.py"))
+FAULTS = sorted((EXAMPLES / "faults").glob("*.py"))
 
 
-def load(path: pathlib.Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"fault_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _numbers(value: object):
@@ -39,13 +31,7 @@ def _numbers(value: object):
             yield from _numbers(v)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # 2 shared cores: intra-op threads only thrash here.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_there_are_at_least_twenty_fault_programs() -> None:
@@ -54,7 +40,7 @@ def test_there_are_at_least_twenty_fault_programs() -> None:
 
 @pytest.mark.parametrize("path", FAULTS, ids=[p.stem for p in FAULTS])
 def test_fault_program_is_detected(path: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    program = load(path)
+    program = load_program(path, "fault")
     assert program.__doc__ and "Source pattern" in program.__doc__, "name the real-world pattern"
     expected = program.EXPECTED
     with warnings.catch_warnings():

@@ -291,3 +291,35 @@ def test_float32_norm_overflow_of_finite_values_is_not_called_non_finite() -> No
     assert s.report().by_kind("non_finite") == []
     assert math.isfinite(s._recent[-1].value("param_norm", "weight"))
     assert s._recent[-1].meta.norm_overflow == ["weight"]
+
+
+class _Sqrt(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sqrt(x.abs())
+
+
+@pytest.mark.parametrize(
+    ("layers", "watched"),
+    [
+        (lambda: [nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4, 2)],
+         {"5"}),
+        (lambda: [nn.Flatten(), nn.Linear(48, 8), nn.ReLU(), _Sqrt(), nn.Linear(8, 2)], {"2", "3", "4"}),
+    ],
+    ids=["standard-layers-only-the-last", "around-a-custom-module"],
+)
+def test_output_gradients_are_watched_where_a_backward_could_create_non_finite_values(layers, watched) -> None:
+    model = nn.Sequential(*layers())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    c, records = _collector(model, [opt])
+    try:
+        for _ in range(12):
+            opt.zero_grad()
+            model(torch.randn(2, 3, 4, 4)).pow(2).mean().backward()
+            opt.step()
+    finally:
+        c.close()
+    names = c.module_names
+    # Steps 0-9 (and every tenth) reduce every output gradient; step 11 only the planned ones.
+    assert records[5].meta.outgrad_complete and not records[11].meta.outgrad_complete
+    assert {names[i] for i in records[11].meta.bwd_order} == watched
+    assert {names[i] for i in records[5].meta.bwd_order} >= watched | {"1"}

@@ -41,6 +41,9 @@ class StepMeta:
     #: (torch.Size, torch.dtype) of the last tensor reduced into each forward slot; kept raw on
     #: the hot path, formatted by :func:`shape_and_dtype` when a fault is reported.
     shapes: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
+    #: Every module output's gradient was reduced in this step (otherwise only the outputs
+    #: that feed custom modules, functional code or the loss: see _plan_gradient_watch).
+    outgrad_complete: bool = False
     #: The weight norms in ``param_norm`` were taken at this step's optimizer pre-step hook.
     weights_recorded: bool = False
     updates_sampled: bool = False

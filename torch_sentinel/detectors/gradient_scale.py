@@ -110,8 +110,8 @@ class _GradientScale(Detector):
 
     def _output_signal(self, rec: StepRecord) -> Optional[tuple[int, float, float, float, str, str]]:
         """(step, first/last ratio, first, last, names) of the max |gradient| into layer outputs."""
-        if not rec.has("outgrad.max") or not self._layers or len(self._layers) < 3:
-            return None
+        if not rec.meta.outgrad_complete or not self._layers or len(self._layers) < 3:
+            return None  # compare layers only on steps where every output gradient was reduced
         lo, hi = rec.array("outgrad.min"), rec.array("outgrad.max")
         amps = []
         for layer, _ in self._layers:
