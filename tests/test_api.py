@@ -178,3 +178,19 @@ def test_forward_only_attach_without_optimizer_is_quiet() -> None:
                 m(torch.randn(4, 20))
             m(torch.randn(4, 20)).sum().backward()
     assert s.report().ok
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["float", "tensor"])
+def test_validation_after_the_last_step_reaches_the_report(as_tensor: bool) -> None:
+    # Regression: a validation loss observed after the final optimizer step used to be lost,
+    # because its row never closed.
+    torch.manual_seed(0)
+    model = MLP()
+    opt = _opt(model)
+    with torch_sentinel.attach(model, opt) as s:
+        train(model, opt, "mlp", 3)
+        s.observe_validation(torch.tensor(0.75) if as_tensor else 0.75)
+    validations = [r.validation for r in s._recent if r.validation is not None]
+    assert validations == [0.75]
+    assert s._recent[-1].step == 3 and s._recent[-1].loss is None
+    assert s.report().ok

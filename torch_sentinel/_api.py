@@ -184,6 +184,9 @@ class Sentinel:
             self._collector.drain(block=True)
             if self._ranks is not None:
                 self._ranks.settle()
+            pending = self._collector.take_pending_validation()
+            if pending is not None:
+                self._on_record(pending)
         self._flush_window()
 
     def report(self, *, all_ranks: Optional[bool] = None) -> Report:

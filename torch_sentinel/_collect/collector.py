@@ -523,6 +523,28 @@ class Collector:
             self.meta.validation = float(loss)
             self.meta.validation_on_device = False
 
+    def take_pending_validation(self) -> Optional[StepRecord]:
+        """A validation loss observed after the last optimizer step, as a record of its own.
+
+        Its row has not closed (no step followed it), so it would never reach the host. Cold
+        path (flush, detach): the record carries only the validation value, with this step's
+        number; the row in progress keeps its other evidence.
+        """
+        meta = self.meta
+        if meta.validation is None and not meta.validation_on_device:
+            return None
+        slot = self.loss_block.start + 2
+        values = self.ledger.initial.detach().cpu().numpy().copy()
+        if meta.validation_on_device:
+            values[slot] = read_now(self.ledger.views[slot])
+        record = StepRecord(
+            StepMeta(step=meta.step, validation=meta.validation, validation_on_device=meta.validation_on_device),
+            values,
+            self.ledger.blocks,
+        )
+        meta.validation, meta.validation_on_device = None, False
+        return record
+
     def _check_stale_grads(self) -> None:
         """Gradients already present before a step's first backward were not cleared."""
         # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
