@@ -16,6 +16,19 @@ import torch_sentinel
 from torch_sentinel import NonFiniteError
 
 
+def _caught(sentinel: torch_sentinel.Sentinel, loop) -> Optional[NonFiniteError]:
+    """Run the user's loop with the sentinel attached and detach it; the NonFiniteError raised
+    on the way (in a hook, at a step, or when detach flushed pending evidence), if any."""
+    try:
+        loop()
+        sentinel.detach()
+    except NonFiniteError as e:
+        return e
+    finally:
+        sentinel.detach()
+    return None
+
+
 class SqrtAbs(nn.Module):
     """sqrt(|x|): finite forward everywhere, but d/dx at x == 0 is 0 * inf = NaN."""
 
@@ -32,8 +45,8 @@ def _run(model: nn.Module, opt: torch.optim.Optimizer, kind: str, steps: int, ch
          before_step=None, **kwargs) -> tuple[Optional[NonFiniteError], torch_sentinel.Sentinel]:
     s = torch_sentinel.attach(model, opt, check=check, **kwargs)
     g = torch.Generator().manual_seed(0)
-    err = None
-    try:
+
+    def loop() -> None:
         for step in range(steps):
             x, y = make_batch(kind, generator=g)
             if corrupt is not None:
@@ -44,12 +57,8 @@ def _run(model: nn.Module, opt: torch.optim.Optimizer, kind: str, steps: int, ch
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()
-        s.detach()
-    except NonFiniteError as e:
-        err = e
-    finally:
-        s.detach()
-    return err, s
+
+    return _caught(s, loop), s
 
 
 def _nan_in_batch_at(step_to_corrupt: int):
@@ -169,9 +178,9 @@ def test_nan_that_appears_only_in_backward_is_attributed_to_the_module_that_comp
                 m[2].bias[0].zero_()
 
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # keep the zeroed unit at exactly 0
-    err = None
     s = torch_sentinel.attach(model, opt, check=check_mode)
-    try:
+
+    def loop() -> None:
         for step in range(6):
             zero_a_unit(step, model)
             opt.zero_grad()
@@ -179,11 +188,8 @@ def test_nan_that_appears_only_in_backward_is_attributed_to_the_module_that_comp
             assert torch.isfinite(out).all()  # the forward pass stays finite
             nn.functional.cross_entropy(out, torch.randint(0, 4, (8,))).backward()
             opt.step()
-        s.detach()
-    except NonFiniteError as e:
-        err = e
-    finally:
-        s.detach()
+
+    err = _caught(s, loop)
     assert err is not None
     assert (err.step, err.boundary, err.module) == (3, "gradients", "3")
     assert err.evidence["incoming_to"] == "2"
@@ -194,8 +200,8 @@ def test_non_finite_loss_is_a_loss_fault(check_mode: str) -> None:
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     s = torch_sentinel.attach(model, opt, check=check_mode)
-    err = None
-    try:
+
+    def loop() -> None:
         for step in range(4):
             opt.zero_grad()
             probs = model(torch.randn(8, 20)).softmax(-1)
@@ -204,11 +210,8 @@ def test_non_finite_loss_is_a_loss_fault(check_mode: str) -> None:
             loss = -torch.log(probs[:, 0]).mean()
             loss.backward()
             opt.step()
-        s.detach()
-    except NonFiniteError as e:
-        err = e
-    finally:
-        s.detach()
+
+    err = _caught(s, loop)
     assert err is not None
     assert (err.step, err.boundary, err.module) == (2, "loss", None)
     assert "log_softmax" in str(err)
@@ -339,8 +342,8 @@ def test_hf_model_nan_is_caught_in_the_right_layer(check_mode: str) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 60, (2, 8))
     s = torch_sentinel.attach(model, opt, check=check_mode)
-    err = None
-    try:
+
+    def loop() -> None:
         for step in range(4):
             if step == 2:
                 with torch.no_grad():
@@ -348,11 +351,8 @@ def test_hf_model_nan_is_caught_in_the_right_layer(check_mode: str) -> None:
             opt.zero_grad()
             model(input_ids=ids, labels=ids).loss.backward()
             opt.step()
-        s.detach()
-    except NonFiniteError as e:
-        err = e
-    finally:
-        s.detach()
+
+    err = _caught(s, loop)
     assert err is not None
     # The weights were non-finite when step 2 began: charged to the update of step 1.
     assert (err.step, err.boundary, err.module) == (1, "updates", "transformer.h.1.mlp.c_fc")
