@@ -69,6 +69,9 @@ VALUE_PRESERVING: tuple[type[nn.Module], ...] = (
 )
 
 
+#: Parameter copies for exact update norms are kept between sampled steps up to this size.
+KEEP_UPDATE_COPY_BYTES = 256 << 20
+
 #: Layers whose backward turns a finite incoming gradient into a finite one, given finite
 #: inputs and weights (norms have eps > 0). See ``Collector._plan_gradient_watch``.
 STANDARD_LAYERS: tuple[type[nn.Module], ...] = (
@@ -218,6 +221,7 @@ class Collector:
         self._stepped_in_scaler = False
         self._optimizers_stepped: set[int] = set()
         self._shadow: Optional[list[torch.Tensor]] = None
+        self._kept_shadow: Optional[list[torch.Tensor]] = None
         self._missing_index_cache: dict[tuple[int, ...], torch.Tensor] = {}
         #: Extension points for detectors' device-side statistics (all called in existing hooks).
         self.input_taps: list[Callable[[torch.Tensor], None]] = []
@@ -306,6 +310,7 @@ class Collector:
         self.disabled = True
         self._pending_scaled = None
         self._shadow = None
+        self._kept_shadow = None
         self.hooks.close()
 
     # ------------------------------------------------------------------ checks
@@ -623,7 +628,22 @@ class Collector:
                 tap(self)
             if self.update_every and self.step % self.update_every == 0 and id(optimizer) not in self._optimizers_stepped:
                 tensors = [p.detach() for p in self.param_tensors]
-                self._shadow = list(torch._foreach_mul(tensors, 1.0)) if tensors else None
+                self._shadow = self._copy_of(tensors) if tensors else None
+
+    def _copy_of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The weights before the update, for the exact ||dW|| of a sampled step.
+
+        Small models reuse one set of buffers (fresh allocations of a few MB cost page faults on
+        every sampled step); above ``KEEP_UPDATE_COPY_BYTES`` the copy is made and dropped each
+        time, so the memory is held only between the pre- and post-step hooks.
+        """
+        kept = self._kept_shadow
+        if kept is not None and len(kept) == len(tensors) and all(
+            k.shape == t.shape and k.dtype == t.dtype and k.device == t.device for k, t in zip(kept, tensors)
+        ):
+            torch._foreach_copy_(kept, tensors)
+            return kept
+        return list(torch._foreach_mul(tensors, 1.0))
 
     def _record_norms(self) -> None:
         """Gradient and weight norms of every parameter, before the update, in one _foreach_norm.
@@ -714,6 +734,9 @@ class Collector:
             with torch.no_grad():
                 torch._foreach_sub_(self._shadow, [p.detach() for p in self.param_tensors])
                 self._copy_norms(self.update_block.start, list(self._shadow), self._sharded)
+            # DTensor has no _foreach_copy_: sharded models copy afresh.
+            keep = self.update_copy_bytes <= KEEP_UPDATE_COPY_BYTES and not self._sharded
+            self._kept_shadow = self._shadow if keep else None
             self._shadow = None
             self.meta.updates_sampled = True
         self.meta.lrs.extend(_lr(g) for g in optimizer.param_groups)
