@@ -244,7 +244,8 @@ class NonFiniteDiagnosis:
     def error(self, fault: Fault, recent: Sequence[StepRecord], rank: Optional[int] = None) -> NonFiniteError:
         ev = fault.evidence
         ratio = update_ratio(recent, fault.step)
-        where_module = self.ctx.module_names and fault.module
+        if fault.module is not None and not fault.detail.get("module_type"):
+            fault.detail["module_type"] = self.ctx.module_types.get(fault.module, "")
         module_txt = (f"module {fault.module or '<model>'!r}" + (
             f" ({fault.detail['module_type']})" if fault.detail.get("module_type") else "")
             if fault.module is not None else "no module (" + _boundary_subject(fault) + ")")
@@ -272,7 +273,6 @@ class NonFiniteDiagnosis:
                   f"{module_txt}{extra}",
             next_check=_next_check(fault, ratio),
         )
-        del where_module
         evidence = {
             "nan": ev.nan, "posinf": ev.posinf, "neginf": ev.neginf,
             "shape": list(ev.shape) if ev.shape is not None else None, "dtype": ev.dtype,
