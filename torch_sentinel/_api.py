@@ -91,14 +91,13 @@ class Sentinel:
         self._collector = collector
         self._collector.on_fault = self._on_immediate_fault
         c = self._collector
+        held = {id(q) for o in optimizers for g in o.param_groups for q in g["params"]}
         self.context = RunContext(
             module_names=c.module_names,
             module_types={n: type(m).__name__ for n, m in c.map.modules},
             param_names=[n for n, _ in c.params],
             param_owner={n: c.map.param_owner.get(n, n.rpartition(".")[0]) for n, _ in c.params},
-            optimizer_params={
-                n for n, p in c.params if any(p is q for o in optimizers for g in o.param_groups for q in g["params"])
-            },
+            optimizer_params={n for n, p in c.params if id(p) in held},
             forward_order=c.forward_order,
             thresholds=dict(options.thresholds),
             rank=self.rank,
@@ -130,9 +129,7 @@ class Sentinel:
         )
         # Fills the manifest before the sinks read it; writes manifest.json; incident bundles.
         self._run_record = RunRecord(self, sink_context)
-        self._sinks = build_sinks(
-            sink_context
-        )
+        self._sinks = build_sinks(sink_context)
         try:
             c.install()
             install_shape_notes(self)
