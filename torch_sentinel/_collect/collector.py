@@ -19,7 +19,6 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .hookset import HookSet
 from .ledger import FLOAT_MAX, Ledger
@@ -211,9 +210,10 @@ class Collector:
         self._install_layout()
         self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows)
         self.meta = StepMeta(step=0, outgrad_complete=True)
-        #: Tensors reduced in this step (weakly held): a container returning its last child's
-        #: output must not reduce it, or hook its gradient, a second time.
-        self._reduced: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        #: The output most recently reduced in this forward: a container (or Identity) returning
+        #: it as is must not reduce it, or hook its gradient, a second time. Dropped when the
+        #: root's forward completes, so no activation outlives its forward.
+        self._last_output: Optional[torch.Tensor] = None
         self._forward_seq: dict[int, int] = {}
         self._pending_scaled: Optional[tuple[weakref.ref[torch.Tensor], torch.Tensor, Any]] = None
         self._forward_since_backward = False
@@ -281,6 +281,7 @@ class Collector:
         #: Whether each module's output gradient is reduced (see _plan_gradient_watch).
         self._watch_grad = [True] * len(self.map.modules)
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(names))]
+        self._grad_prehooks = [functools.partial(self._on_node_grads, i, 0) for i in range(len(names))]
         #: Slot pairs already written in this step (the rest still hold their initial values).
         self._written: set[int] = set()
         #: Set once a hook was traced by torch.compile: its host checks never run.
@@ -311,6 +312,7 @@ class Collector:
         self._pending_scaled = None
         self._shadow = None
         self._kept_shadow = None
+        self._last_output = None
         self.hooks.close()
 
     # ------------------------------------------------------------------ checks
@@ -409,11 +411,11 @@ class Collector:
                 if checked:
                     self._reduce_into(t, lo, hi, compiling=True)
                 continue
-            if t in self._reduced:
+            if t is self._last_output:
                 continue  # a submodule's output returned as is: already reduced and hooked
-            self._reduced[t] = slot
+            self._last_output = t
             if t.requires_grad and (self._watch_grad[slot] or self.meta.outgrad_complete):
-                t.register_hook(self._grad_hooks[slot])
+                self._watch_gradient(t, slot)
             if not checked:
                 continue
             self._reduce_into(t, lo, hi)
@@ -424,6 +426,26 @@ class Collector:
             self._forward_seq[slot] = len(self._forward_seq)
             if slot == 0:  # the root completes last: the first forward's order is known
                 self._plan_gradient_watch()
+        if slot == 0:
+            self._last_output = None
+        return None
+
+    def _watch_gradient(self, t: torch.Tensor, slot: int) -> None:
+        """Reduce the gradient that will arrive at ``t`` in backward.
+
+        A pre-hook on the node that produced ``t`` costs about half a ``Tensor.register_hook``
+        (no Python handle bookkeeping); a leaf that requires grad has no node, so it gets a
+        tensor hook.
+        """
+        node = t.grad_fn
+        if node is None:
+            t.register_hook(self._grad_hooks[slot])
+            return
+        nr = t.output_nr
+        node.register_prehook(self._grad_prehooks[slot] if nr == 0 else functools.partial(self._on_node_grads, slot, nr))
+
+    def _on_node_grads(self, slot: int, nr: int, grad_outputs: tuple[Optional[torch.Tensor], ...]) -> None:
+        self._on_output_grad(slot, grad_outputs[nr])
         return None
 
     def _watch_all_due(self) -> bool:
@@ -765,7 +787,7 @@ class Collector:
         self.ledger.reset()
         self.step += 1
         self.meta = StepMeta(step=self.step, outgrad_complete=self._watch_all_due())
-        self._reduced = WeakIdKeyDictionary()
+        self._last_output = None
         self._written = set()
         self._optimizers_stepped = set()
         self._pending_scaled = None
