@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .compat import is_compiling as _is_compiling
 from .hookset import HookSet
 from .ledger import FLOAT_MAX, Ledger
 from .model_map import ModelMap
@@ -33,9 +34,6 @@ __all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evid
 #: meta.shapes keys of the main and the extra model inputs (module slots are >= 0).
 DATA_SHAPE_KEYS = (-1, -2)
 
-_is_compiling: Callable[[], bool] = getattr(
-    getattr(torch, "compiler", None), "is_compiling", lambda: False
-)
 
 
 def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -274,7 +272,6 @@ class Collector:
         assert self.param_block.start == self.grad_block.stop
         self.update_block = L.add_block("update_norm", pnames)
         self.misc_block = L.add_block("misc", ["stale_grad_norm", "amp_scale"])
-        self._module_slot = {id(m): i for i, (_, m) in enumerate(self.map.modules)}
         self._checked = [not isinstance(m, VALUE_PRESERVING) for _, m in self.map.modules]
         self._standard = [isinstance(m, STANDARD_LAYERS) for _, m in self.map.modules]
         self._is_leaf = [next(iter(m.children()), None) is None for _, m in self.map.modules]

@@ -12,9 +12,8 @@ from typing import Any, Optional
 
 import torch
 
+from .compat import is_compiling as _is_compiling
 from .transfer import AsyncFetch
-
-_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 __all__ = ["InputStats"]
 

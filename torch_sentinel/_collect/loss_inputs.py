@@ -12,19 +12,17 @@ rows that sum to 1 is a probability distribution, not logits.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .compat import is_compiling as _is_compiling
 from .patches import patch_for
 
 __all__ = ["BROADCAST_LOSSES", "LOGIT_LOSSES", "BroadcastEvent", "LossInputs"]
 
-_is_compiling: Callable[[], bool] = getattr(
-    getattr(torch, "compiler", None), "is_compiling", lambda: False
-)
 
 #: Element-wise losses that broadcast a mismatched target instead of refusing it.
 BROADCAST_LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss")

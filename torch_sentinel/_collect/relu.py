@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import sys
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
+from .compat import is_compiling as _is_compiling
 from .patches import patch_for
 from .records import StepMeta
 from .transfer import AsyncFetch
 
 __all__ = ["ReluSite", "ReluWatch"]
 
-_is_compiling: Callable[[], bool] = getattr(
-    getattr(torch, "compiler", None), "is_compiling", lambda: False
-)
 
 #: How far up the stack to look for the module that applied the ReLU: the listener, the patch
 #: wrapper, F.relu and its wrapper, nn.ReLU.forward and Module._call_impl fit in eight frames.

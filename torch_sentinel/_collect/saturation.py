@@ -15,9 +15,10 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from .compat import is_compiling as _is_compiling
+
 __all__ = ["SaturationWatch"]
 
-_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 _SIGMOID_EDGE = 0.5 - 1.0 / (1.0 + math.exp(5.0))  # |sigmoid(x) - 0.5| beyond this: |x| > 5
 _TANH_EDGE = math.tanh(5.0)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._collect.compat import is_compiling as _is_compiling
 from .._collect.records import StepRecord
 from .._findings import Finding
 from .base import Detector, RunContext
@@ -26,7 +27,6 @@ from .base import Detector, RunContext
 __all__ = ["EvalModeTrainingDetector"]
 
 _MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
-_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 class EvalModeTrainingDetector(Detector):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .._collect.compat import is_compiling as _is_compiling
 from .._collect.graph import graph_leaves, locate_attribute
 from .._collect.records import StepRecord
 from .._findings import Finding
@@ -25,7 +26,6 @@ from .base import Detector, RunContext
 
 __all__ = ["UnregisteredParameterDetector"]
 
-_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 class UnregisteredParameterDetector(Detector):

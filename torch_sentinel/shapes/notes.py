@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .._collect.collector import iter_tensors
+from .._collect.compat import is_compiling as _is_compiling
 from .._collect.hookset import HookSet
 from .._errors import SentinelError, ShapeContractError
 from .._findings import Finding
@@ -30,9 +31,6 @@ from .contracts import explain_broadcast
 
 __all__ = ["ShapeNotes", "install_shape_notes", "layer_contract"]
 
-_is_compiling: Callable[[], bool] = getattr(
-    getattr(torch, "compiler", None), "is_compiling", lambda: False
-)
 
 _SEEN = "__torch_sentinel_shape_seen__"
 _SHAPE_WORDS = re.compile(
