@@ -558,7 +558,7 @@ class Collector:
         if meta.validation is None and not meta.validation_on_device:
             return None
         slot = self.loss_block.start + 2
-        values = self.ledger.initial.detach().cpu().numpy().copy()
+        values = self.ledger.initial_row()
         if meta.validation_on_device:
             values[slot] = read_now(self.ledger.views[slot])
         record = StepRecord(

@@ -95,5 +95,11 @@ class Ledger:
         """Start a new row: one device op."""
         self.current.copy_(self.initial)
 
+    def initial_row(self) -> np.ndarray:
+        """A host copy of a fresh row (every slot at its initial value), without a device read."""
+        row = np.zeros(self.current.numel(), dtype=np.float32)
+        row[: len(self._initial)] = self._initial
+        return row
+
     def block(self, name: str) -> SlotRange:
         return self.blocks[name]
