@@ -107,9 +107,8 @@ class Sentinel:
         self._nonfinite = NonFiniteDiagnosis(self.context)
         self._detectors = default_detectors(self.context, options.disable)
         for d in self._detectors:
-            install = getattr(d, "install", None)
-            if install is not None:
-                install(c)
+            for probe in d.probes():
+                c.add_probe(probe)
         # Under torch.distributed, ranks agree on non-finite faults before anyone raises.
         self._ranks = RankSync.maybe(
             options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
@@ -137,9 +136,7 @@ class Sentinel:
             c.close()
             raise
         for d in self._detectors:
-            at_attach = getattr(d, "at_attach", None)
-            if at_attach is not None:
-                self._add_findings(at_attach(), write=True)
+            self._add_findings(d.at_attach(), write=True)
 
     # ------------------------------------------------------------------ public
     @property
@@ -300,12 +297,10 @@ class Sentinel:
         if records:
             stats: dict[str, float] = {}
             for d in self._detectors:
-                statistics = getattr(d, "statistics", None)
-                if statistics is not None:
-                    try:
-                        stats.update({f"detector/{d.kind}/{k}": float(v) for k, v in statistics().items()})
-                    except Exception as exc:
-                        logger.warning("torch_sentinel: statistics of %s failed: %s", type(d).__name__, exc)
+                try:
+                    stats.update({f"detector/{d.kind}/{k}": float(v) for k, v in d.statistics().items()})
+                except Exception as exc:
+                    logger.warning("torch_sentinel: statistics of %s failed: %s", type(d).__name__, exc)
             if stats:
                 for sink in self._sinks:
                     write_stats = getattr(sink, "write_stats", None)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ._collect.collector import Collector, Fault
 from ._collect.ledger import FLOAT_MAX
+from ._collect.probe import Probe
 from ._collect.records import StepMeta, TensorEvidence
 from ._collect.transfer import AsyncFetch
 from ._findings import Finding
@@ -86,27 +87,29 @@ class _Priorities:
         L = c.ledger
         names = c.module_names
         slots: list[tuple[list[int], Rung, bool]] = []  # (row slots, rung, gradient rung)
-        weights = c.param_block  # pre-step weight norms: the previous update, before all else
+        weights = L.block("param_norm")  # pre-step weight norms: the previous update, before all else
         for i, key in enumerate(weights.keys):
             slots.append(([weights.start + i], Rung("updates", self._owner(key), (("parameter", key),), -1), False))
-        d_lo, d_hi = c.data_lo.start, c.data_hi.start
+        d_lo, d_hi = L.block("data.min").start, L.block("data.max").start
         slots.append(([d_lo, d_hi], Rung("data", None, (("input", "args[0]"),)), False))
         slots.append(([d_lo + 1, d_hi + 1], Rung("data", None, (("input", "extra input"),)), False))
+        act_lo, act_hi = L.block("act.min").start, L.block("act.max").start
+        og_lo, og_hi = L.block("outgrad.min").start, L.block("outgrad.max").start
         for m in order:
-            slots.append(([c.act_lo.start + m, c.act_hi.start + m], Rung("forward", names[m]), False))
-        loss = c.loss_block
+            slots.append(([act_lo + m, act_hi + m], Rung("forward", names[m]), False))
+        loss = L.block("loss")
         for i, key in enumerate(loss.keys):
             slots.append(([loss.start + i], Rung("loss", None, (("loss", key),)), False))
         for m in reversed(order):  # backward meets modules roughly in reverse forward order
-            slots.append(([c.og_lo.start + m, c.og_hi.start + m],
+            slots.append(([og_lo + m, og_hi + m],
                           Rung("gradients", names[m], (("incoming_to", names[m]),)), True))
-        grads = c.grad_block
+        grads = L.block("grad_norm")
         for i in reversed(range(len(grads))):
             slots.append(([grads.start + i], Rung("gradients", self._owner(grads.keys[i]),
                                                   (("parameter", grads.keys[i]),)), True))
         stale = L.blocks["misc"].index("stale_grad_norm")
         slots.append(([stale], Rung("gradients", None, (("present", "stale gradients"),)), True))
-        update = c.update_block
+        update = L.block("update_norm")
         for i, key in enumerate(update.keys):
             slots.append(([update.start + i], Rung("updates", self._owner(key), (("parameter", key),)), False))
         self.rungs = [rung for _, rung, _ in slots]
@@ -126,7 +129,7 @@ class _Priorities:
         return self._c.map.param_owner.get(param, param.rpartition(".")[0])
 
 
-class RankSync:
+class RankSync(Probe):
     """Reduces each row's first non-finite slot across ranks and decides, on every rank alike,
     when to raise. ``decide(fault, rank)`` is called with the agreed fault; until then each
     rank's own faults are only held (:meth:`hold`)."""
@@ -151,8 +154,7 @@ class RankSync:
         self._pending: collections.deque[tuple[int, AsyncFetch, int]] = collections.deque()
         self._held: Optional[Fault] = None
         self.done = False
-        collector.row_taps.append(self._on_row)
-        collector.closed_taps.append(self._on_closed)
+        collector.add_probe(self)
 
     @classmethod
     def maybe(
@@ -175,14 +177,14 @@ class RankSync:
             self._held = fault
 
     # ------------------------------------------------------------------ device side
-    def _on_row(self, meta: StepMeta) -> None:
+    def on_row_close(self, meta: StepMeta) -> None:
         if self.done:
             return
         with torch.no_grad():
             prio = self._prio.tensors(meta.amp, meta.step)
             row = self._c.ledger.current[: self._prio.width]
             # An additive attention mask legitimately holds -inf: only NaN counts in aux.min.
-            aux = self._c.data_lo.start + 1
+            aux = self._c.ledger.block("data.min").start + 1
             checked = row.clone()
             checked[aux : aux + 1].clamp_(min=-FLOAT_MAX)
             none = float(self._prio.none)
@@ -192,7 +194,7 @@ class RankSync:
             self._pending.append((meta.step, AsyncFetch([code]), self._prio.none))
 
     # ------------------------------------------------------------------ host side
-    def _on_closed(self, step: int) -> None:
+    def on_row_closed(self, step: int) -> None:
         self.settle(upto=step - self.lag)
 
     def settle(self, upto: Optional[int] = None) -> None:

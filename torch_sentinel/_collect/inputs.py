@@ -7,12 +7,11 @@ constant in every batch (std 0: a broken join, a filled column) shows up. No hos
 
 from __future__ import annotations
 
-import weakref
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
-from .compat import is_compiling as _is_compiling
+from .probe import Probe, ProbeHost
 from .transfer import AsyncFetch
 
 __all__ = ["InputStats"]
@@ -21,27 +20,28 @@ __all__ = ["InputStats"]
 _MAX_FEATURES = 1 << 16
 
 
-class InputStats:
+class InputStats(Probe):
+    name = "input_stats"
+
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first
         self.every = every
         self.varied: Optional[torch.Tensor] = None
         self.mask_steps = 0
-        self._collector: Optional[weakref.ref[Any]] = None
         self._slots = (0, 0)
         self._masked_step = -1
 
-    def install(self, collector: Any) -> None:
-        self._collector = weakref.ref(collector)
-        block = collector.ledger.add_block("input_stats", ["mean", "std"])
+    def setup(self, host: ProbeHost) -> None:
+        self.host = host
+        block = host.ledger.add_block("input_stats", ["mean", "std"])
         self._slots = (block.start, block.start + 1)
-        collector.input_taps.append(self._on_input)
 
-    def _on_input(self, t: torch.Tensor) -> None:
-        c = self._collector() if self._collector is not None else None
-        if c is None or _is_compiling() or not (c.step < self.first or c.step % self.every == 0):
+    def on_data(self, t: torch.Tensor, main: bool, name: Optional[str], compiling: bool) -> None:
+        c = self.host
+        if not main or compiling or not (c.step < self.first or c.step % self.every == 0):
             return
         views = c.ledger.views
+        t = t.detach()
         with torch.no_grad():
             x = t if t.dtype in (torch.float32, torch.float64) else t.float()
             std, mean = torch.std_mean(x) if x.numel() > 1 else (torch.zeros((), device=x.device), x.reshape(()))

@@ -11,7 +11,7 @@ rows that sum to 1 is a probability distribution, not logits.
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterable
 from typing import Any, Optional
 
 import torch
@@ -20,6 +20,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .compat import is_compiling as _is_compiling
 from .patches import patch_for
+from .probe import Probe, ProbeHost
 
 __all__ = ["BROADCAST_LOSSES", "LOGIT_LOSSES", "BroadcastEvent", "LossInputs"]
 
@@ -56,8 +57,10 @@ class _Listener:
         return None
 
 
-class LossInputs:
+class LossInputs(Probe):
     """Shared by the loss-side detectors: one instance per run, kept in ``RunContext.extras``."""
+
+    name = "loss_inputs"
 
     def __init__(self, probe_first: int = 5, probe_every: int = 10) -> None:
         self.probe_first = probe_first
@@ -65,38 +68,43 @@ class LossInputs:
         self.broadcasts: list[BroadcastEvent] = []
         #: Classes seen by cross_entropy / nll_loss (for "stuck at chance level").
         self.classes: Optional[int] = None
-        self._collector: Optional[weakref.ref[Any]] = None
+        self.host: Optional[ProbeHost] = None
         self._prob_outputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._slots: tuple[int, int, int] = (0, 0, 0)
 
     @classmethod
-    def shared(cls, extras: dict[str, Any], collector: Any) -> LossInputs:
+    def shared(cls, extras: dict[str, Any]) -> LossInputs:
+        """The run's one instance (every loss-side detector returns it from ``probes()``;
+        the collector sets a probe up once)."""
         inst = extras.get("loss_inputs")
         if inst is None:
             inst = extras["loss_inputs"] = cls()
-            inst.install(collector)
+        assert isinstance(inst, LossInputs)
         return inst
 
-    def install(self, collector: Any) -> None:
-        self._collector = weakref.ref(collector)
-        lo, hi = collector.ledger.add_minmax_block("loss_input", ["values", "rowsum_dev"])
+    def setup(self, host: ProbeHost) -> None:
+        self.host = host
+        lo, hi = host.ledger.add_minmax_block("loss_input", ["values", "rowsum_dev"])
         self._slots = (lo.start, hi.start, hi.start + 1)
         F = torch.nn.functional
         for name in BROADCAST_LOSSES + LOGIT_LOSSES:
             if hasattr(F, name):
-                collector.hooks.subscribe(patch_for(F, name), _Listener(self, name))
-        for _, m in collector.map.modules:
-            if isinstance(m, _PROB_MODULES):
-                collector.output_taps.setdefault(id(m), []).append(self._on_prob_output)
-        self._names = {id(m): name for name, m in collector.map.modules}
+                host.hooks.subscribe(patch_for(F, name), _Listener(self, name))
+        self._names = {id(m): name for name, m in host.map.modules}
 
-    def _on_prob_output(self, module: nn.Module, t: torch.Tensor) -> None:
-        if not _is_compiling():
+    def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
+        return [m for _, m in host.map.modules if isinstance(m, _PROB_MODULES)]
+
+    def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
+        if not compiling:
             self._prob_outputs[t] = self._names.get(id(module), "")
 
+    def close(self) -> None:
+        self.host = None
+
     def on_loss(self, function: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        c = self._collector() if self._collector is not None else None
-        if c is None or c.disabled or _is_compiling() or not torch.is_grad_enabled():
+        c = self.host
+        if c is None or _is_compiling() or not torch.is_grad_enabled():
             return
         x = args[0] if args else kwargs.get("input")
         y = args[1] if len(args) > 1 else kwargs.get("target")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Optional
 
 import torch
 from torch import nn
 
-__all__ = ["ModelMap", "unwrap_model"]
+__all__ = ["ModelMap", "trainable_params", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -53,6 +54,15 @@ class ModelMap:
                 self.param_names[id(p)] = qual
                 self.param_owner[qual] = mname
 
+    def device(self) -> torch.device:
+        """Where the model lives: its first non-meta parameter's device, else its first buffer's."""
+        for _, p in self.params:
+            if p.device.type != "meta":
+                return p.device
+        for _, b in self.root.named_buffers():
+            return b.device
+        return torch.device("cpu")
+
     def name_of(self, module: nn.Module) -> Optional[str]:
         return self.module_names.get(id(module))
 
@@ -72,3 +82,16 @@ class ModelMap:
         if module_name is None:
             return "<none>"
         return module_name or "<model>"
+
+
+def trainable_params(model_map: ModelMap, optimizers: Sequence[torch.optim.Optimizer]) -> list[tuple[str, torch.Tensor]]:
+    """Model parameters plus any optimizer parameter that is not in the model."""
+    params: list[tuple[str, torch.Tensor]] = list(model_map.params)
+    seen = {id(p) for _, p in params}
+    for oi, opt in enumerate(optimizers):
+        for gi, group in enumerate(opt.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append((f"<optimizer{oi}>.param_groups[{gi}][{pi}]", p))
+    return params

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Iterable
 from typing import Any, Optional
 
 import torch
@@ -22,6 +23,7 @@ from torch import nn
 
 from .compat import is_compiling as _is_compiling
 from .patches import patch_for
+from .probe import Probe, ProbeHost
 from .records import StepMeta
 from .transfer import AsyncFetch
 
@@ -51,35 +53,39 @@ class ReluSite:
         self.steps = 0
 
 
-class ReluWatch:
+class ReluWatch(Probe):
     """Installs the ReLU patches and owns the per-site alive masks."""
+
+    name = "relu"
 
     def __init__(self, every: int = 1) -> None:
         self.every = max(1, int(every))
         self.sites: dict[tuple[str, int, int], ReluSite] = {}
         self._modules: dict[int, str] = {}
-        self._collector: Optional[weakref.ref[Any]] = None
+        self.host: Optional[ProbeHost] = None
         self._last: Optional[weakref.ref[torch.Tensor]] = None
         self._touched: set[tuple[str, int, int]] = set()
         self._conv1d_shapes: set[tuple[int, ...]] = set()
 
-    def install(self, collector: Any) -> None:
-        self._collector = weakref.ref(collector)
-        self._modules = {id(m): name for name, m in collector.map.modules}
+    def setup(self, host: ProbeHost) -> None:
+        self.host = host
+        self._modules = {id(m): name for name, m in host.map.modules}
         for owner, attr in _relu_functions():
-            collector.hooks.subscribe(patch_for(owner, attr), self)
-        for _, m in collector.map.modules:
-            if isinstance(m, nn.Conv1d):
-                collector.output_taps.setdefault(id(m), []).append(self._on_conv1d)
-        collector.row_taps.append(self._on_row)
+            host.hooks.subscribe(patch_for(owner, attr), self)
+
+    def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
+        return [m for _, m in host.map.modules if isinstance(m, nn.Conv1d)]
+
+    def close(self) -> None:
+        self.host = None
 
     # -- patch listener -----------------------------------------------------------------
     def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         return None
 
     def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        c = self._collector() if self._collector is not None else None
-        if c is None or c.disabled or not isinstance(result, torch.Tensor):
+        c = self.host
+        if c is None or not isinstance(result, torch.Tensor):
             return
         if not torch.is_grad_enabled() or _is_compiling() or c.step % self.every:
             return
@@ -131,11 +137,11 @@ class ReluWatch:
             torch.logical_or(site.alive, peak > 0, out=site.alive)
         self._touched.add(key)
 
-    def _on_conv1d(self, module: nn.Module, t: torch.Tensor) -> None:
+    def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         if t.ndim == 3:
             self._conv1d_shapes.add(tuple(t.shape))
 
-    def _on_row(self, meta: StepMeta) -> None:
+    def on_row_close(self, meta: StepMeta) -> None:
         for key in self._touched:
             self.sites[key].steps += 1
         self._touched.clear()

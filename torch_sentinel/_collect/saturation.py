@@ -9,13 +9,13 @@ comparison and one mean per sampled call, written into a ledger slot; no host re
 from __future__ import annotations
 
 import math
-import weakref
-from typing import Any, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
-from .compat import is_compiling as _is_compiling
+from .probe import Probe, ProbeHost
 
 __all__ = ["SaturationWatch"]
 
@@ -24,28 +24,33 @@ _SIGMOID_EDGE = 0.5 - 1.0 / (1.0 + math.exp(5.0))  # |sigmoid(x) - 0.5| beyond t
 _TANH_EDGE = math.tanh(5.0)
 
 
-class SaturationWatch:
+class SaturationWatch(Probe):
+    name = "saturation"
+
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first
         self.every = every
         self.sites: list[str] = []
         self._slot: dict[int, int] = {}
-        self._collector: Optional[weakref.ref[Any]] = None
+        self._found: list[nn.Module] = []
 
-    def install(self, collector: Any) -> None:
-        found = [(n, m) for n, m in collector.map.modules if isinstance(m, (nn.Sigmoid, nn.Tanh))]
+    def setup(self, host: ProbeHost) -> None:
+        self.host = host
+        found = [(n, m) for n, m in host.map.modules if isinstance(m, (nn.Sigmoid, nn.Tanh))]
         if not found:
             return
-        self._collector = weakref.ref(collector)
         self.sites = [n for n, _ in found]
-        block = collector.ledger.add_block("saturation", self.sites)
+        self._found = [m for _, m in found]
+        block = host.ledger.add_block("saturation", self.sites)
         for i, (_, m) in enumerate(found):
             self._slot[id(m)] = block.start + i
-            collector.output_taps.setdefault(id(m), []).append(self._on_output)
 
-    def _on_output(self, module: nn.Module, t: torch.Tensor) -> None:
-        c = self._collector() if self._collector is not None else None
-        if c is None or _is_compiling() or not (c.step < self.first or c.step % self.every == 0):
+    def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
+        return self._found
+
+    def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
+        c = self.host
+        if compiling or not (c.step < self.first or c.step % self.every == 0):
             return
         with torch.no_grad():
             d = t.detach()

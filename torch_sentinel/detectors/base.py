@@ -1,8 +1,15 @@
 """What every detector shares: the run context it reads and the protocol it implements.
 
-A detector is host code only. It never sees a live tensor: it reads :class:`StepRecord`s (plain
-numbers copied from the device) and the static :class:`RunContext`, keeps whatever small state
-it needs across windows, and returns :class:`Finding`s.
+A detector is host code. Its verdicts read :class:`StepRecord`s (plain numbers copied from the
+device) and the static :class:`RunContext`, keep whatever small state they need across windows,
+and return :class:`Finding`s. The device evidence it reads comes from probes
+(``torch_sentinel._collect.probe.Probe``), declared by :meth:`Detector.probes`: either shared
+ones from ``_collect`` (``InputStats``, ``LossInputs``, ...) or the detector itself, when it
+subclasses ``Probe`` too (see ``eval_mode_training.py``: one file, events and verdict).
+
+Writing a detector: subclass :class:`Detector`, set ``kind`` and ``boundary``, implement
+``observe`` (and ``finish`` for whole-run verdicts), return its probes from ``probes``, and add
+the class to ``registry.DETECTORS``.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable, ClassVar, Optional
 
+from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Boundary, Finding
 
@@ -48,7 +56,7 @@ class Detector:
     """One finding kind (or a tight family of them), interpreted on the host.
 
     ``observe`` is called once per flush with the records of the window, oldest first;
-    ``finish`` once at ``report()`` for verdicts that need the whole run.
+    ``finish`` once at ``report()`` (or detach) for verdicts that need the whole run.
     """
 
     kind: ClassVar[str] = ""
@@ -57,8 +65,22 @@ class Detector:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
+    def probes(self) -> Sequence[Probe]:
+        """The probes whose slots and events this detector reads; set up once each at attach."""
+        if isinstance(self, Probe):
+            return (self,)
+        return ()
+
+    def at_attach(self) -> Iterable[Finding]:
+        """Findings that are known once the probes are set up (static facts of the model)."""
+        return ()
+
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         return ()
+
+    def statistics(self) -> dict[str, float]:
+        """Scalars logged as ``detector/<kind>/<name>`` at each flush (default: none)."""
+        return {}
 
     def finish(self) -> Iterable[Finding]:
         return ()

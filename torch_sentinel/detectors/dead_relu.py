@@ -14,10 +14,11 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
+from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._collect.relu import ReluSite, ReluWatch
 from .._collect.transfer import AsyncFetch
@@ -40,8 +41,8 @@ class DeadReluDetector(Detector):
         self._last_step = 0
         self._latest: dict[str, float] = {}
 
-    def install(self, collector: Any) -> None:
-        self.watch.install(collector)
+    def probes(self) -> Sequence[Probe]:
+        return (self.watch,)
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if records:

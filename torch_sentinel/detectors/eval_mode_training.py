@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from .._collect.compat import is_compiling as _is_compiling
+from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._findings import Finding
 from .base import Detector, RunContext
@@ -29,7 +30,9 @@ __all__ = ["EvalModeTrainingDetector"]
 _MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 
-class EvalModeTrainingDetector(Detector):
+class EvalModeTrainingDetector(Detector, Probe):
+    """A detector that is its own probe: host facts at ``on_root_inputs``, kept on ``on_backward``."""
+
     kind = "eval_mode_training"
     boundary = "forward"
 
@@ -38,30 +41,28 @@ class EvalModeTrainingDetector(Detector):
         self.min_steps = int(ctx.threshold("eval_mode_training.min_steps", 2))
         self._candidates: list[tuple[str, weakref.ref[nn.Module], weakref.ref[nn.Module]]] = []
         self._root: Any = None
-        self._collector: Any = lambda: None
+        self._host: Optional[ProbeHost] = None
         self._last: tuple[str, ...] = ()
         self._hits: list[tuple[int, tuple[str, ...]]] = []
         self._reported = False
 
-    def install(self, collector: Any) -> None:
-        if not collector.optimizers:
+    def setup(self, host: ProbeHost) -> None:
+        if not host.optimizers:
             return
-        modules = dict(collector.map.modules)
-        self._root = weakref.ref(collector.map.root)
-        for name, m in collector.map.modules:
+        modules = dict(host.map.modules)
+        self._root = weakref.ref(host.map.root)
+        for name, m in host.map.modules:
             if isinstance(m, _MODE_DEPENDENT):
-                parent = modules.get(name.rpartition(".")[0], collector.map.root)
+                parent = modules.get(name.rpartition(".")[0], host.map.root)
                 self._candidates.append((name, weakref.ref(m), weakref.ref(parent)))
         if self._candidates:
-            self._collector = weakref.ref(collector)
-            collector.root_input_taps.append(self._on_forward)
-            collector.backward_taps.append(self._on_backward)
+            self._host = host
 
     def _checked(self, step: int) -> bool:
         return step < 5 or step % 50 == 0
 
-    def _on_forward(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        c = self._collector()
+    def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._host
         if c is None or _is_compiling() or not self._checked(c.step):
             self._last = ()
             return
@@ -78,7 +79,10 @@ class EvalModeTrainingDetector(Detector):
             off.append(name)
         self._last = tuple(off)
 
-    def _on_backward(self, c: Any, loss: torch.Tensor) -> None:
+    def on_backward(self, loss: torch.Tensor) -> None:
+        c = self._host
+        if c is None:
+            return
         if self._last and self._checked(c.step) and len(self._hits) < 16 and (not self._hits or self._hits[-1][0] != c.step):
             self._hits.append((c.step, self._last))
         self._last = ()

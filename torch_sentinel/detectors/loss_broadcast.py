@@ -9,9 +9,10 @@ and fires on the first training call.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from .._collect.loss_inputs import LossInputs
+from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Finding
 from .base import Detector
@@ -26,8 +27,9 @@ class LossBroadcastDetector(Detector):
     _inputs: Optional[LossInputs] = None
     _seen = 0
 
-    def install(self, collector: Any) -> None:
-        self._inputs = LossInputs.shared(self.ctx.extras, collector)
+    def probes(self) -> Sequence[Probe]:
+        self._inputs = LossInputs.shared(self.ctx.extras)
+        return (self._inputs,)
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if self._inputs is None:

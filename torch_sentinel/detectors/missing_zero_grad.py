@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
+from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ._common import trained_rows
@@ -25,7 +25,9 @@ from .base import Detector, RunContext
 __all__ = ["MissingZeroGradDetector"]
 
 
-class MissingZeroGradDetector(Detector):
+class MissingZeroGradDetector(Detector, Probe):
+    """Reads ``misc.stale_grad_norm`` (``NormsProbe``); a probe only to see the host's facts at setup."""
+
     kind = "missing_zero_grad"
     boundary = "gradients"
 
@@ -36,11 +38,11 @@ class MissingZeroGradDetector(Detector):
         self._reported = False
         self._enabled = True
 
-    def install(self, collector: Any) -> None:
+    def setup(self, host: ProbeHost) -> None:
         # Trainable parameters outside the optimizer are never cleared by its zero_grad(); their
         # leftover gradients are unregistered_parameter's evidence, not a missing zero_grad().
-        outside = any(p.requires_grad and n not in self.ctx.optimizer_params for n, p in collector.params)
-        self._enabled = len(collector.optimizers) == 1 and not outside
+        outside = any(p.requires_grad and n not in self.ctx.optimizer_params for n, p in host.params)
+        self._enabled = len(host.optimizers) == 1 and not outside
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if not self._enabled or self._reported:

@@ -18,8 +18,9 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
+from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ._common import common_module
@@ -31,7 +32,7 @@ __all__ = ["NoUpdateDetector"]
 _RESOLUTION = 1e-5
 
 
-class NoUpdateDetector(Detector):
+class NoUpdateDetector(Detector, Probe):
     kind = "no_update"
     boundary = "updates"
 
@@ -43,10 +44,10 @@ class NoUpdateDetector(Detector):
         self._max_lr = 0.0
         self._cleared_steps: list[int] = []
         self._reported: set[str] = set()
-        self._collector: Any = None
+        self._host: Optional[ProbeHost] = None
 
-    def install(self, collector: Any) -> None:
-        self._collector = collector
+    def setup(self, host: ProbeHost) -> None:
+        self._host = host
 
     def _watched(self) -> list[str]:
         return [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
@@ -138,7 +139,7 @@ class NoUpdateDetector(Detector):
         )]
 
     def finish(self) -> Iterable[Finding]:
-        c = self._collector
+        c = self._host
         if c is None or c.step > 0 or not c.optimizers or c.meta.backward_calls < self.min_still:
             return ()
         return [self.finding(

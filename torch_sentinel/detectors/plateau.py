@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from .._collect.loss_inputs import LossInputs
+from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ._curve import SmoothedLoss
@@ -34,11 +35,11 @@ class PlateauDetector(Detector):
         self.min_steps = int(ctx.threshold("plateau.min_steps", 30))
         self.improvement = ctx.threshold("plateau.improvement", 0.03)
         self.loss = SmoothedLoss()
-        self._inputs: Optional[LossInputs] = None
+        self._inputs: Optional[LossInputs] = LossInputs.shared(ctx.extras)
         self._reported = False
 
-    def install(self, collector: Any) -> None:
-        self._inputs = LossInputs.shared(self.ctx.extras, collector)
+    def probes(self) -> Sequence[Probe]:
+        return (self._inputs,) if self._inputs is not None else ()
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         self.loss.add(records)

@@ -15,9 +15,10 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from .._collect.loss_inputs import LossInputs
+from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Finding
 from .base import Detector, RunContext
@@ -40,8 +41,8 @@ class ProbabilitiesAsLogitsDetector(Detector):
         self._op: Optional[str] = None
         self._reported = False
 
-    def install(self, collector: Any) -> None:
-        LossInputs.shared(self.ctx.extras, collector)
+    def probes(self) -> Sequence[Probe]:
+        return (LossInputs.shared(self.ctx.extras),)
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         for rec in records:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
+from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._collect.saturation import SaturationWatch
 from .._findings import Finding
@@ -37,8 +37,8 @@ class SaturationDetector(Detector):
         self._samples: dict[str, collections.deque[tuple[int, float]]] = {}
         self._reported: set[str] = set()
 
-    def install(self, collector: Any) -> None:
-        self.watch.install(collector)
+    def probes(self) -> Sequence[Probe]:
+        return (self.watch,)
 
     def _output_module(self) -> str:
         """The last leaf module in forward order: the model's output activation, if any."""

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 
 from .._collect.inputs import InputStats
+from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._collect.transfer import AsyncFetch
 from .._findings import Finding
@@ -49,8 +50,8 @@ class UnnormalizedInputDetector(Detector):
         self._fetch: Optional[tuple[int, int, AsyncFetch]] = None
         self._last_step = 0
 
-    def install(self, collector: Any) -> None:
-        self.stats.install(collector)
+    def probes(self) -> Sequence[Probe]:
+        return (self.stats,)
 
     def _first_is_norm(self) -> bool:
         for slot in self.ctx.forward_order():

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.graph import graph_leaves, locate_attribute
+from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
+from .._collect.tensors import iter_tensors
 from .._findings import Finding
 from ._common import common_module
 from .base import Detector, RunContext
@@ -28,45 +30,44 @@ __all__ = ["UnregisteredParameterDetector"]
 
 
 
-class UnregisteredParameterDetector(Detector):
+class UnregisteredParameterDetector(Detector, Probe):
     kind = "unregistered_parameter"
     boundary = "updates"
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.walk_every = int(ctx.threshold("unregistered_parameter.walk_every", 500))
-        self._collector: Any = None
+        self._host: Optional[ProbeHost] = None
+        self._walking = False
         self._known: set[int] = set()
         self._inputs: list[weakref.ref[torch.Tensor]] = []
         self._stray: dict[str, tuple[str, list[int], int, int]] = {}
         self._reported: set[str] = set()
         self._orphans = 0
 
-    def install(self, collector: Any) -> None:
-        self._collector = weakref.ref(collector)
-        if not collector.optimizers:
+    def setup(self, host: ProbeHost) -> None:
+        self._host = host
+        if not host.optimizers:
             return
-        self._known = {id(p) for p in collector.param_tensors}
-        self._orphans = sum(1 for n, _ in collector.params if n.startswith("<optimizer"))
-        if collector._sharded:
-            # FSDP2 swaps unsharded copies of the parameters in for the forward: the graph's
-            # leaves are not the registered DTensors, so the walk would see only strangers.
-            return
-        collector.root_input_taps.append(self._on_inputs)
-        collector.backward_taps.append(self._on_backward)
+        self._known = {id(p) for p in host.param_tensors}
+        self._orphans = sum(1 for n, _ in host.params if n.startswith("<optimizer"))
+        # FSDP2 swaps unsharded copies of the parameters in for the forward: the graph's
+        # leaves are not the registered DTensors, so the walk would see only strangers.
+        self._walking = not host.sharded
 
     def _walk_now(self, step: int) -> bool:
         return step < 2 or step % self.walk_every == 0
 
-    def _on_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        c = self._collector()
-        if c is None or _is_compiling() or not self._walk_now(c.step):
+    def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._host
+        if not self._walking or c is None or _is_compiling() or not self._walk_now(c.step):
             return
-        from .._collect.collector import iter_tensors
-
         self._inputs = [weakref.ref(t) for t in iter_tensors((args, kwargs)) if t.requires_grad]
 
-    def _on_backward(self, c: Any, loss: torch.Tensor) -> None:
+    def on_backward(self, loss: torch.Tensor) -> None:
+        c = self._host
+        if not self._walking or c is None:
+            return
         if _is_compiling() or not self._walk_now(c.step) or len(self._stray) >= 32:
             return
         inputs = {id(r()) for r in self._inputs if r() is not None}
@@ -79,7 +80,7 @@ class UnregisteredParameterDetector(Detector):
                 self._stray[label] = (owner, list(leaf.shape), int(leaf.numel()), c.step)
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if self._collector is None or not self._known:
+        if self._host is None or not self._known:
             return []
         found = self._registered_but_unoptimized(records)
         stray = {k: v for k, v in self._stray.items() if k not in self._reported}

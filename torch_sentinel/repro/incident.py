@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
+from .._collect.probe import Probe
 from .._collect.records import StepMeta
 from .._errors import NonFiniteError
 
@@ -107,7 +108,7 @@ class _Capture:
     training: bool
 
 
-class IncidentRecorder:
+class IncidentRecorder(Probe):
     """Keeps the current step's batch and RNG states, and writes the bundle on a NonFiniteError."""
 
     def __init__(self, sentinel: Sentinel, log_dir: str) -> None:
@@ -116,18 +117,16 @@ class IncidentRecorder:
         self._current: Optional[_Capture] = None
         self._previous: Optional[_Capture] = None
         self.written: list[str] = []
-        c = sentinel._collector
-        c.root_input_taps.append(self._on_inputs)
-        c.row_taps.append(self._on_row)
+        sentinel._collector.add_probe(self)
         sentinel.on_nonfinite_callbacks.append(self._on_error)
 
-    def _on_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.compiler.is_compiling():
             return
         self._previous = None
         self._current = _Capture(self._sentinel.step, args, kwargs, capture_rng(), self._sentinel._root.training)
 
-    def _on_row(self, meta: StepMeta) -> None:
+    def on_row_close(self, meta: StepMeta) -> None:
         # The step is complete; keep its batch only until the next forward, for a deferred
         # check that judges the row right after it closes.
         if self._current is not None:
@@ -213,3 +212,4 @@ class IncidentRecorder:
         logger.warning("torch_sentinel: incident bundle written to %s (replay: torch-sentinel replay %s)",
                        path, path)
         return path
+

@@ -22,9 +22,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .._collect.collector import iter_tensors
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.hookset import HookSet
+from .._collect.probe import Probe
+from .._collect.tensors import iter_tensors
 from .._errors import SentinelError, ShapeContractError
 from .._findings import Finding
 from .contracts import explain_broadcast
@@ -148,7 +149,7 @@ def _explain_message(message: str) -> Optional[str]:
     return None
 
 
-class ShapeNotes:
+class ShapeNotes(Probe):
     """Installs the always-called forward hooks on every module of ``modules`` (name, module).
 
     ``on_finding`` receives the ``shape_mismatch`` Finding; ``step`` tells which step it is.
@@ -281,5 +282,6 @@ def install_shape_notes(sentinel: Any) -> ShapeNotes:
         on_finding=lambda f: sentinel._add_findings([f], write=True),
         step=lambda: c.step, rank=sentinel.rank,
     )
-    c.root_input_taps.append(notes.on_root_inputs)
+    c.add_probe(notes)
     return notes
+

@@ -1,0 +1,62 @@
+"""The collector's patch listeners: ``loss.backward()`` and the AMP ``GradScaler``.
+
+Each forwards to a public method of the collector and holds it weakly: patches are
+process-wide, and a listener must never keep a detached sentinel alive.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .collector import Collector
+
+__all__ = ["BackwardListener", "ScaleListener", "ScalerStepListener"]
+
+
+class BackwardListener:
+    """Sees ``torch.autograd.backward`` (hence ``loss.backward()``) while attached."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = weakref.ref(collector)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._collector()
+        if c is not None:
+            c.before_backward(args[0] if args else kwargs.get("tensors"))
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        return None
+
+
+class ScaleListener:
+    """Sees ``GradScaler.scale(loss)`` so the recorded loss is the unscaled one."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = weakref.ref(collector)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        return None
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        c = self._collector()
+        if c is not None and len(args) >= 2:
+            c.on_scale(args[0], args[1], result)
+
+
+class ScalerStepListener:
+    """Sees ``GradScaler.step(optimizer)``: a step the scaler skips never reaches the optimizer."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = weakref.ref(collector)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        c = self._collector()
+        if c is not None and len(args) >= 2:
+            c.before_scaler_step(args[0], args[1])
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        c = self._collector()
+        if c is not None and len(args) >= 2:
+            c.after_scaler_step(args[0], args[1])

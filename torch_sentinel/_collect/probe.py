@@ -1,0 +1,187 @@
+"""The probe protocol: how anything that records device evidence plugs into the collector.
+
+A *probe* is one small object that owns some slots of the step's ledger row and fills them from
+the events the collector delivers. The collector (``collector.py``) is only a scheduler: it owns
+the hooks and patches where events come from, and calls, in registration order, the probes that
+override the matching ``on_*`` method (a method left as the base no-op costs nothing: it is not
+called). Built-in probes live in ``_collect/probes/``; a detector that needs device evidence
+either is a probe itself (see ``detectors/eval_mode_training.py``) or returns the probes it
+reads from :meth:`~torch_sentinel.detectors.base.Detector.probes`.
+
+Lifecycle of a probe, in order:
+
+1. :meth:`Probe.setup` once, at ``attach()``: reserve ledger blocks
+   (``host.ledger.add_block(name, keys)`` / ``add_minmax_block``), subscribe process-wide
+   patches through ``host.hooks.subscribe`` (removed at detach), remember what you need.
+2. :meth:`Probe.output_modules`: which modules' outputs :meth:`Probe.on_output` receives.
+3. The events, on the training thread, inside hooks (hot path: launch device ops into your
+   slots, never read a device value; see the sync-audit rules in ``collector.py``):
+
+   ==========================  ===========================================================
+   ``on_root_inputs``           the attached model's forward is called (raw args, kwargs)
+   ``on_data``                  each floating tensor of that call (``main``: the batch)
+   ``on_output``                each floating tensor output by a module you asked for
+   ``on_output_grad``           the gradient arriving at a watched module output
+   ``on_backward``              a ``backward()`` on a scalar loss of the model (unscaled)
+   ``on_pre_step``              an optimizer's step is about to update (gradients final)
+   ``on_post_step``             an optimizer's step finished
+   ``on_row_close``             the step's row is complete, just before it is queued
+   ``on_row_closed``            after the row was queued and landed rows handed on
+   ==========================  ===========================================================
+
+4. At flush (host side), the detector reads the probe's blocks from each
+   :class:`~torch_sentinel._collect.records.StepRecord` (``rec.mapping(name)``,
+   ``rec.value(name, key)``) and host facts the probe put in ``host.meta.extra``; larger
+   device state (masks over a window) is fetched with ``transfer.AsyncFetch``.
+5. :meth:`Probe.close` at ``detach()``: drop device references.
+
+Rules: never ``.item()``/``bool()``/``float()`` a tensor in an ``on_*`` method; write with
+``out=`` ops into ``host.ledger.views[i]``; keep host facts plain Python. An exception from a
+probe is a sentinel bug: it is logged once and the probe is switched off; training goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .faults import Fault
+    from .hookset import HookSet
+    from .ledger import Ledger
+    from .model_map import ModelMap
+    from .records import StepMeta
+
+__all__ = ["EVENTS", "Probe", "ProbeHost", "overrides"]
+
+#: The event methods, in the order a training step delivers them.
+EVENTS = (
+    "on_root_inputs",
+    "on_data",
+    "on_output",
+    "on_output_grad",
+    "on_backward",
+    "on_pre_step",
+    "on_post_step",
+    "on_row_close",
+    "on_row_closed",
+)
+
+
+class ProbeHost(Protocol):
+    """What a probe may use of the collector (all public, read-mostly)."""
+
+    #: The step's row of device slots (reserve blocks here in ``setup``).
+    ledger: Ledger
+    #: Module and parameter names of the attached model.
+    map: ModelMap
+    #: (name, tensor) of every trainable tensor watched: model parameters, then optimizer-only ones.
+    params: list[tuple[str, torch.Tensor]]
+    param_tensors: list[torch.Tensor]
+    optimizers: list[torch.optim.Optimizer]
+    module_names: list[str]
+    device: torch.device
+    #: Removable hooks and patch subscriptions; everything added here is undone at detach.
+    hooks: HookSet
+    #: Host facts of the step in progress (``meta.extra`` is free for probes' plain values).
+    meta: StepMeta
+    #: The 0-based index of the step in progress.
+    step: int
+    #: Whether probes check their own slots on the spot (CPU) instead of at flush.
+    immediate: bool
+    #: Set once a hook was traced by torch.compile: host checks in hooks never run then.
+    traced: bool
+    #: Optimizers (by id) that already stepped in the row in progress.
+    stepped_optimizers: set[int]
+    #: Called with a :class:`~torch_sentinel._collect.faults.Fault` found in immediate mode.
+    on_fault: Callable[[Fault], None]
+
+    @property
+    def sharded(self) -> bool:
+        """Whether some parameter is sharded (DTensor / FSDP2): graph leaves are not the params."""
+        ...
+
+    def forward_order(self) -> list[int]:
+        """Module slots in the order they first completed a forward pass."""
+        ...
+
+    def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False) -> None:
+        """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device."""
+        ...
+
+    def host_value(self, i: int) -> float:
+        """Slot ``i`` now (immediate mode only: a memory load on CPU, a device read elsewhere)."""
+        ...
+
+    def finite(self, i: int) -> bool:
+        """Whether slot ``i`` is finite now (immediate mode only, like :meth:`host_value`)."""
+        ...
+
+
+class Probe:
+    """Base class: every event is a no-op until overridden. Subclass and override what you need."""
+
+    #: Shown in the one warning logged if this probe raises.
+    name: str = ""
+
+    def setup(self, host: ProbeHost) -> None:
+        """Reserve ledger blocks and subscribe patches. Called once at attach, before any event."""
+
+    def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
+        """The modules whose outputs :meth:`on_output` receives (default: none)."""
+        return ()
+
+    def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The attached model was called in a training forward (grad enabled). Host refs only."""
+
+    def on_data(self, t: torch.Tensor, main: bool, name: Optional[str], compiling: bool) -> None:
+        """One floating tensor of the model's call; ``main`` marks the batch (first positional
+        tensor, or first non-mask keyword tensor); ``name`` is its keyword, if any."""
+
+    def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
+        """One floating tensor output by ``module`` (``slot`` indexes ``host.module_names``).
+        A tensor already delivered as the previous module's output (a container returning
+        its child's output as is) is not delivered again, except while compiling."""
+
+    def on_output_grad(self, slot: int, grad: torch.Tensor) -> None:
+        """The gradient arriving at the output of module ``slot`` during backward."""
+
+    def on_backward(self, loss: torch.Tensor) -> None:
+        """``backward()`` was called on ``loss`` (a scalar of the model's graph; unscaled under AMP).
+        ``host.meta.backward_calls`` counts the earlier backward calls of this step."""
+
+    def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer`` is about to update: gradients are final (after a closure, if any).
+        Runs under ``torch.no_grad()``."""
+
+    def on_post_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()`` returned."""
+
+    def on_row_close(self, meta: StepMeta) -> None:
+        """The step's row is complete (every optimizer stepped, or the scaler skipped)."""
+
+    def on_row_closed(self, step: int) -> None:
+        """Step ``step``'s row was queued and landed rows were handed on: the point every rank
+        reaches once per step (cross-rank decisions go here)."""
+
+    def close(self) -> None:
+        """Detach: drop device references."""
+
+
+def overrides(probe: Probe, event: str) -> bool:
+    """Whether ``probe`` implements ``event`` (so the collector schedules it)."""
+    return getattr(type(probe), event, None) is not getattr(Probe, event)
+
+
+def unique(probes: Sequence[Probe]) -> list[Probe]:
+    """Probes in order, each once (a probe shared by several detectors is set up once)."""
+    seen: set[int] = set()
+    out = []
+    for p in probes:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out

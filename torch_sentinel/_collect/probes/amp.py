@@ -1,0 +1,74 @@
+"""AMP: the unscaled loss behind ``GradScaler.scale(loss)``, the scale, and skipped steps.
+
+``GradScaler.scale`` and ``GradScaler.step`` are patched (no public hook exists): the scaled
+loss is mapped back to the user's loss before the loss probe sees it, the scale goes into
+``misc.amp_scale``, and a ``scaler.step(optimizer)`` that never reached the optimizer (the
+scaler found inf/NaN and skipped) is reported to the collector, which closes the row.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import torch
+
+from ..probe import Probe, ProbeHost
+
+__all__ = ["AmpProbe"]
+
+
+class AmpProbe(Probe):
+    name = "amp"
+
+    def __init__(self) -> None:
+        self._pending: Optional[tuple[weakref.ref[torch.Tensor], torch.Tensor, Any]] = None
+        self._depth = 0
+        self._stepped = False
+
+    def setup(self, host: ProbeHost) -> None:
+        self.host = host
+        self._scale_slot = host.ledger.block("misc").index("amp_scale")
+
+    def on_scale(self, scaler: Any, outputs: Any, result: Any) -> None:
+        """``scaler.scale(outputs)`` returned ``result``: remember which loss it scaled."""
+        if not isinstance(outputs, torch.Tensor) or not isinstance(result, torch.Tensor):
+            return
+        if getattr(scaler, "is_enabled", lambda: True)():
+            self._pending = (weakref.ref(result), outputs, scaler)
+
+    def unscaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """The user's loss behind ``loss`` if it is the scaler's output; ``loss`` otherwise."""
+        pending = self._pending
+        if pending is None or pending[0]() is not loss:
+            return loss
+        self.host.meta.amp = True
+        scale = getattr(pending[2], "_scale", None)
+        if isinstance(scale, torch.Tensor):
+            self.host.ledger.views[self._scale_slot].copy_(scale.detach().reshape(()))
+        self._pending = None
+        return pending[1]
+
+    def before_scaler_step(self) -> None:
+        self._depth += 1
+        self._stepped = False
+
+    def after_scaler_step(self, scaler: Any) -> bool:
+        """Whether the scaler skipped the optimizer's step (it found inf/NaN gradients)."""
+        self._depth -= 1
+        enabled = getattr(scaler, "is_enabled", lambda: True)()
+        if enabled and not self._stepped:
+            self.host.meta.amp = True
+            self.host.meta.amp_skipped = True
+            return True
+        return False
+
+    def on_post_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._depth:
+            self._stepped = True
+
+    def on_row_close(self, meta: Any) -> None:
+        self._pending = None
+
+    def close(self) -> None:
+        self._pending = None

@@ -1,0 +1,37 @@
+"""The model's inputs: min and max of the batch and of any extra input, checked for non-finite values."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from ..faults import DATA_SHAPE_KEYS, Fault
+from ..probe import Probe, ProbeHost
+from ..tensors import tensor_evidence
+
+__all__ = ["DataProbe"]
+
+
+class DataProbe(Probe):
+    name = "data"
+
+    def setup(self, host: ProbeHost) -> None:
+        self.host = host
+        self.lo, self.hi = host.ledger.add_minmax_block("data", ["inputs", "aux"])
+
+    def on_data(self, t: torch.Tensor, main: bool, name: Optional[str], compiling: bool) -> None:
+        host = self.host
+        k = 0 if main else 1
+        lo, hi = self.lo.start + k, self.hi.start + k
+        host.reduce_into(t, lo, hi, compiling)
+        if compiling:
+            return
+        host.meta.shapes[DATA_SHAPE_KEYS[k]] = (t.shape, t.dtype)
+        if host.immediate:
+            # Additive masks legitimately hold -inf, so only the main input must be free of it.
+            low = host.host_value(lo)
+            if not host.finite(hi) or math.isnan(low) or (main and math.isinf(low)):
+                host.on_fault(Fault(host.step, "data", None, tensor_evidence(t),
+                                    {"input": name or ("args[0]" if main else "extra input")}))

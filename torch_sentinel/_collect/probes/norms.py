@@ -1,0 +1,134 @@
+"""Gradient and weight norms of every parameter before the update, and stale gradients.
+
+One ``_foreach_norm`` at the optimizer's pre-step serves two boundaries: the gradients of this
+step, and (since the weights before step k are the weights after step k-1) the update of the
+previous step. At the first backward of a step, gradients already present were not cleared:
+their total norm goes into ``misc.stale_grad_norm``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..ledger import FLOAT_MAX
+from ..probe import Probe, ProbeHost
+from ..shards import ShardedNorms, local
+from ..transfer import read_now
+
+__all__ = ["NormsProbe"]
+
+
+class NormsProbe(Probe):
+    name = "norms"
+
+    def __init__(self, update_every: int = 0) -> None:
+        self.update_every = update_every
+
+    def setup(self, host: ProbeHost) -> None:
+        self.host = host
+        pnames = [n for n, _ in host.params]
+        self.grad_block = host.ledger.add_block("grad_norm", pnames)
+        # Right after grad_norm: one _foreach_norm fills both blocks.
+        self.param_block = host.ledger.add_block("param_norm", pnames)
+        assert self.param_block.start == self.grad_block.stop
+        tensors = host.param_tensors
+        self._same_device = all(p.device == host.device for p in tensors)
+        self.sharded = ShardedNorms(tensors)
+        self._sharded_pairs = ShardedNorms(tensors + tensors)
+        self._missing_index_cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    # -- events ---------------------------------------------------------------------------
+    def on_backward(self, loss: torch.Tensor) -> None:
+        if self.host.meta.backward_calls == 1:
+            self._check_stale_grads()
+
+    def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
+        host = self.host
+        grads = [p.grad for p in host.param_tensors]
+        if self._weights_due():
+            weights: list[Optional[torch.Tensor]] = [p.detach() for p in host.param_tensors]
+            missing = self.copy_norms(self.grad_block.start, grads + weights, self._sharded_pairs)
+            host.meta.weights_recorded = True
+        else:
+            missing = self.copy_norms(self.grad_block.start, grads, self.sharded)
+        host.meta.grad_missing = tuple(host.params[i][0] for i in missing)
+        host.meta.frozen = tuple(n for n, p in host.params if not p.requires_grad)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _check_stale_grads(self) -> None:
+        """Gradients already present before a step's first backward were not cleared."""
+        host = self.host
+        # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
+        stale = [local(p.grad) for p in host.param_tensors if p.grad is not None]
+        host.meta.stale_grads = len(stale)
+        if stale and host.step > 0:
+            with torch.no_grad():
+                norms = torch._foreach_norm(stale)
+                total = torch.linalg.vector_norm(torch.stack([n.to(host.device) for n in norms]))
+                host.ledger.views[host.ledger.block("misc").start].copy_(total)
+
+    def _weights_due(self) -> bool:
+        """Whether this step reads every weight for its norm.
+
+        Deferred mode needs them every step: the row is the only evidence that an update made
+        a weight non-finite. Immediate mode finds that exactly without them: the first forward
+        that uses such a weight goes non-finite, and its hook checks that module's weights on
+        the spot (``ForwardProbe._fault``). There they are read on the first ten steps, then on
+        pairs of consecutive steps every ten (what ``no_update`` compares), and with every
+        sampled update: a pass over all weights saved on four steps in five.
+        """
+        if not self.host.immediate or self.host.traced:
+            return True
+        step = self.host.step
+        return step < 10 or step % 10 in (0, 1) or bool(self.update_every and step % self.update_every == 0)
+
+    def copy_norms(self, block_start: int, tensors: list[Optional[torch.Tensor]], sharded: ShardedNorms) -> list[int]:
+        """L2 norms of ``tensors`` into consecutive slots from ``block_start``; the indices of
+        the tensors that are None (their slots are left alone) are returned."""
+        host = self.host
+        n = len(tensors)
+        present = [i for i, t in enumerate(tensors) if t is not None]
+        if not present:
+            return list(range(n))
+        if sharded:
+            tensors = [None if t is None else local(t) for t in tensors]
+        norms = list(torch._foreach_norm([tensors[i] for i in present]))  # type: ignore[misc]
+        if not self._same_device:
+            norms = [t.to(host.device) for t in norms]
+        stacked = sharded.globalize(torch.stack(norms).float(), present)
+        dest = host.ledger.current[block_start : block_start + n]
+        if len(present) == n:
+            dest.copy_(stacked)
+        else:
+            key = tuple(present)
+            index = self._missing_index_cache.get(key)
+            if index is None:
+                index = torch.tensor(present, device=host.device)
+                self._missing_index_cache = {key: index}
+            dest.index_copy_(0, index, stacked)
+        if host.ledger.host_view is not None:
+            self._confirm_norm_overflow(block_start, tensors)
+        return [i for i in range(n) if tensors[i] is None]
+
+    def _confirm_norm_overflow(self, start: int, tensors: list[Optional[torch.Tensor]]) -> None:
+        """An L2 norm of +inf may be float32 overflow of finite values (|x| > ~1e19): confirm
+        exactly, while the tensors are still live, before the row can claim a non-finite value.
+
+        Only where the row is host memory (CPU), so the look is a memory load; the exact check
+        runs only when a norm is +inf (cold path). On accelerators in deferred mode the
+        detectors treat a +inf norm without NaN as an overflow instead.
+        """
+        host = self.host
+        hv = host.ledger.host_view
+        assert hv is not None
+        row = hv[start : start + len(tensors)]
+        for i in np.flatnonzero(np.isposinf(row)).tolist():
+            t = tensors[i]
+            if t is not None and bool(read_now(torch.isfinite(t).all())):
+                row[i] = FLOAT_MAX
+                name = host.params[i % len(host.params)][0]
+                if name not in host.meta.norm_overflow:  # gradient and weight: once each
+                    host.meta.norm_overflow.append(name)
