@@ -109,12 +109,11 @@ def test_a_probe_that_raises_is_switched_off_with_one_warning_and_training_goes_
     broken = Broken()
     g = torch.Generator().manual_seed(2)
     batches = [make_batch("mlp", generator=g) for _ in range(3)]
-    with caplog.at_level(logging.WARNING, logger="torch_sentinel"):
-        with torch_sentinel.attach(model, opt) as sentinel:
-            sentinel._collector.add_probe(broken)
-            for x, y in batches:
-                _step(model, opt, x, y)
-            records = list(sentinel._recent)
+    with caplog.at_level(logging.WARNING, logger="torch_sentinel"), torch_sentinel.attach(model, opt) as sentinel:
+        sentinel._collector.add_probe(broken)
+        for x, y in batches:
+            _step(model, opt, x, y)
+        records = list(sentinel._recent)
     for x, y in batches:
         _step(reference, ref_opt, x, y)
     assert broken.calls == 1
