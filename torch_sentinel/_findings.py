@@ -48,7 +48,10 @@ class Finding:
     """One diagnosed fault or observation.
 
     ``kind`` is a stable public name (users filter on it); ``boundary`` is a rung of the ladder;
-    ``module`` is a qualified name relative to the attached model, or None; ``step`` is 0-based.
+    ``module`` is a qualified name relative to the attached model, or None; ``step`` is 0-based:
+    the step at which the detector concluded. ``onset_step`` is the step where the evidence
+    began (the first still step, the first step of the climb, the first dead window): the fault
+    is at least that old, and ``step - onset_step`` is the detector's latency.
     ``evidence`` holds the figures (fractions, norms, ratios, steps) behind the message, and
     ``next_check`` the next action in the ladder's vocabulary.
     """
@@ -62,6 +65,7 @@ class Finding:
     evidence: dict[str, Any] = dataclasses.field(default_factory=dict)
     next_check: Optional[str] = None
     rank: Optional[int] = None
+    onset_step: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.boundary not in BOUNDARIES:
@@ -69,6 +73,11 @@ class Finding:
         if self.severity not in _SEVERITIES:
             raise ValueError(f"unknown severity {self.severity!r}; expected one of {_SEVERITIES}")
         object.__setattr__(self, "evidence", _plain(dict(self.evidence)))
+        if self.onset_step is None and self.step is not None:
+            # a detector that knows no earlier evidence concluded on the step it saw it
+            object.__setattr__(self, "onset_step", self.step)
+        elif self.onset_step is not None and self.step is not None and self.onset_step > self.step:
+            object.__setattr__(self, "onset_step", self.step)
 
     @property
     def is_fault(self) -> bool:

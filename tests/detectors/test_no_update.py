@@ -4,6 +4,7 @@ frozen layers and decays to 0 stay quiet."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Callable, Optional
 
 import pytest
@@ -66,10 +67,44 @@ def test_warmup_from_lr_zero_is_healthy(warmup_zero_steps: int) -> None:
 
 
 def test_decay_to_zero_at_the_end_is_healthy() -> None:
+    """A cosine schedule whose T_max is the run's last step reaches 0 exactly there: one still
+    step, the schedule doing what it was asked to."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 if s < 8 else 0.0)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=14, eta_min=0.0)
     assert _loop(model, opt, sched=sched).by_kind("no_update") == []
+
+
+_ZERO_PART_WAY = {
+    # StepLR(gamma=0): "decay by 0" instead of by 0.1 at step 8
+    "step_gamma_zero": lambda s: 1.0 if s < 8 else 0.0,
+    # a timm-style cosine to min_lr=0 with t_initial=8 that then holds min_lr for the rest
+    "cosine_ends_early": lambda s: 0.5 * (1 + math.cos(math.pi * min(s, 8) / 8)),
+}
+
+
+@pytest.mark.parametrize("schedule", list(_ZERO_PART_WAY), ids=list(_ZERO_PART_WAY))
+def test_lr_falling_to_exactly_zero_part_way_is_reported(schedule: str) -> None:
+    """Regression (issue 12): an lr of exactly 0 part-way was read as the tail of a decay."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _ZERO_PART_WAY[schedule])
+    (f,) = _loop(model, opt, sched=sched).by_kind("no_update")
+    assert f.evidence["lr_zero_since"] == 8 and f.onset_step == 8
+    assert f.step is not None and f.step - 8 <= 20
+    assert "fell to exactly 0 at step 8" in f.message
+
+
+def test_optimizer_over_frozen_parameters_is_named() -> None:
+    """Regression (issue 12): an optimizer whose parameters are all frozen was never named as
+    the cause of a run that does not learn (the head it should train is outside it)."""
+    model = _model()
+    model[0].requires_grad_(False)
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)  # the bug: built over the frozen part
+    report = _loop(model, opt)
+    (f,) = [f for f in report.by_kind("no_update") if "requires_grad=False" in f.message]
+    assert f.module == "0" and f.evidence["trainable_outside_optimizer"] == ["2.weight", "2.bias"]
+    assert "zero_grad" not in " ".join(x.message for x in report.findings)
 
 
 def test_frozen_parameters_are_never_flagged() -> None:

@@ -35,6 +35,11 @@ class SmoothedLoss:
 
     def add(self, records: Sequence[StepRecord]) -> list[tuple[int, float]]:
         """Feed records; returns the (step, smoothed loss) points that became available."""
+        return [(step, now) for step, now, _, _ in self.add_points(records)]
+
+    def add_points(self, records: Sequence[StepRecord]) -> list[tuple[int, float, float, float]]:
+        """Feed records; returns (step, smoothed loss, start, low) for each new point, with the
+        start and low as they stood *at that point*: a verdict on a point never sees the future."""
         points = []
         for rec in records:
             if rec.meta.amp_skipped:
@@ -51,7 +56,7 @@ class SmoothedLoss:
             self.now = now
             self.start = now if self.start is None else self.start
             self.low = now if self.low is None else min(self.low, now)
-            points.append((rec.step, now))
+            points.append((rec.step, now, self.start, self.low))
         return points
 
 

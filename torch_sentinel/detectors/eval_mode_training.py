@@ -1,9 +1,10 @@
 """``eval_mode_training``: optimizer steps taken while dropout / batch norm are in eval mode.
 
 ``model.eval()`` left on after a validation pass silently turns dropout off and freezes the
-batch-norm statistics. The check is host-only: on steps 0-4 and then every 50th, the training
-forward (grad enabled) notes which dropout / batch-norm modules have ``training == False``; the
-note counts when that forward is followed by a backward. Deliberately frozen batch norms
+batch-norm statistics. The check is host-only and costs a Python attribute read per candidate
+module, so it runs on *every* training forward (grad enabled): a ``model.train()`` forgotten
+after a validation pass in the middle of the run is seen at the next step, not at the next
+sampled one. The note counts when that forward is followed by a backward. Deliberately frozen batch norms
 (parameters with ``requires_grad=False``, as when fine-tuning a detector backbone) and dropout
 inside a fully frozen parent are not flagged.
 
@@ -59,7 +60,7 @@ class EvalModeTrainingDetector(Detector, Probe):
             self._host = host
 
     def _checked(self, step: int) -> bool:
-        return step < 5 or step % 50 == 0
+        return True  # module.training is host state: reading it every step is free
 
     def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         c = self._host
@@ -77,6 +78,9 @@ class EvalModeTrainingDetector(Detector, Probe):
             if parent is not None and not any(p.requires_grad for p in parent.parameters()):
                 continue
             off.append(name)
+        root = self._root() if self._root is not None else None
+        if off and root is not None and not root.training:
+            off.insert(0, "<root-eval>")  # the whole model was in eval mode at this forward
         self._last = tuple(off)
 
     def on_backward(self, loss: torch.Tensor) -> None:
@@ -92,15 +96,16 @@ class EvalModeTrainingDetector(Detector, Probe):
             return []
         self._reported = True
         names = self._hits[-1][1]
-        root = self._root() if self._root is not None else None
-        root_eval = root is not None and not root.training
+        root_eval = names[0] == "<root-eval>"
+        names = names[1:] if root_eval else names
         module = "" if root_eval else names[0]
         types = sorted({self.ctx.module_types.get(n, "") for n in names})
         return [self.finding(
             f"{len(names)} {'/'.join(types)} module(s) were in eval mode during training forwards "
             f"followed by backward at steps {[s for s, _ in self._hits][:6]}"
             + (": the whole model is in eval mode (model.train() not called after eval?)" if root_eval else ""),
-            module=module, step=self._hits[self.min_steps - 1][0], severity="error",
+            module=module, step=self._hits[self.min_steps - 1][0], onset_step=self._hits[0][0],
+            severity="error",
             evidence={"modules": list(names)[:8], "count": len(names), "steps": [s for s, _ in self._hits][:8],
                       "model_in_eval": root_eval},
             next_check="call_model_train_before_training",

@@ -6,6 +6,12 @@ is None or its norm is exactly 0. Never flagged: ``requires_grad=False`` paramet
 optimizer holds that are not in the model (``unregistered_parameter`` explains those), and runs
 where no parameter got a gradient at all (that is ``no_update``'s "cleared before step").
 
+A graph cut by rebuilding a tensor (``torch.tensor(out.tolist(), requires_grad=True)``, a numpy
+round trip, ``.detach().requires_grad_()``) leaves a new leaf that requires grad between the
+model and the loss; ``unregistered_parameter``'s graph walk finds it (``GRAPH_CUT``), and when
+the loss reaches no parameter at all this detector reports the cut itself, even though no
+parameter got a gradient at all.
+
 Threshold: ``no_gradient.min_steps`` = 5 steps with a backward, all gradient-less for the
 parameter: one step could be a branch skipped by chance, five in a row is a wiring fault.
 """
@@ -18,6 +24,7 @@ from .._collect.records import StepRecord
 from .._findings import Finding
 from ._common import common_module, trained_rows
 from .base import Detector, RunContext
+from .unregistered_parameter import GRAPH_CUT
 
 __all__ = ["NoGradientDetector"]
 
@@ -35,6 +42,7 @@ class NoGradientDetector(Detector):
         #: Parameters whose .grad existed but was exactly 0 (not None) at some step.
         self._zero: set[str] = set()
         self._reported = False
+        self._cut_steps: list[int] = []
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         watched = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
@@ -58,7 +66,33 @@ class NoGradientDetector(Detector):
                         self._zero.add(n)
             if got_any:
                 self._steps += 1
-        return self._verdict()
+            elif watched and len(self._cut_steps) < 16:
+                self._cut_steps.append(rec.step)
+        return self._cut_verdict() or self._verdict()
+
+    def _cut_verdict(self) -> list[Finding]:
+        """The loss's graph starts at a new leaf, not at the model: the graph was cut."""
+        cut = self.ctx.extras.get(GRAPH_CUT)
+        if self._reported or not cut or not cut["leaves"] or cut["reached_params"]:
+            return []
+        if len(self._cut_steps) < min(self.min_steps, 3):
+            return []
+        self._reported = True
+        shape, first = cut["leaves"][0]
+        return [self.finding(
+            f"a new leaf tensor of shape {tuple(shape)} that requires grad sits between the model "
+            "and the loss: the graph was cut here (torch.tensor(out.tolist(), requires_grad=True), "
+            "a numpy round trip or .detach().requires_grad_() rebuilt the output), so the "
+            f"backward stops at it and none of the model's parameters got a gradient in "
+            f"{len(self._cut_steps)} steps",
+            module="", step=self._cut_steps[min(self.min_steps, 3) - 1], onset_step=first,
+            severity="error",
+            evidence={"leaf_shape": shape, "leaf_first_step": first,
+                      "steps_without_gradient": self._cut_steps[:16],
+                      "parameters_watched": len([n for n in self.ctx.param_names
+                                                 if n in self.ctx.optimizer_params])},
+            next_check="inspect_graph_connectivity",
+        )]
 
     def _verdict(self) -> list[Finding]:
         if self._reported or self._steps < self.min_steps:
@@ -80,11 +114,15 @@ class NoGradientDetector(Detector):
         else:
             why = ("the graph is cut before them (detach, numpy/.item() round trip) or their "
                    "branch is unused")
+        cut = self.ctx.extras.get(GRAPH_CUT)
+        if cut and cut["leaves"]:
+            why += (f"; a new leaf tensor of shape {tuple(cut['leaves'][0][0])} that requires grad "
+                    "is in the loss's graph: the graph was cut there")
         return [self.finding(
             f"{len(never)} trainable parameter(s) under {module or '<model>'} never received a "
             f"gradient in {self._steps} steps with a backward: {why}",
             module=module, step=min(self._first_step[n] for n in never) + self.min_steps - 1,
-            severity="error",
+            onset_step=min(self._first_step[n] for n in never), severity="error",
             evidence={"parameters": never[:8], "count": len(never), "grad_exactly_zero": len(zero),
                       "grad_none": len(never) - len(zero), "steps_observed": self._steps},
             next_check="inspect_graph_connectivity",

@@ -10,8 +10,13 @@ gradient at all), and ``optimizer.step()`` never called while backward ran.
 Thresholds:
 - ``no_update.min_still`` = 3 consecutive still steps per parameter: a warm-up whose first step
   has lr 0 gives one still step, which is healthy.
-- A still stretch whose lr fell below 1e-3 of the largest lr seen so far (the tail of a decay to
-  0) is exempt: the schedule is doing what it was asked to do.
+- A still stretch whose lr is positive but below 1e-3 of the largest lr seen so far (the tail
+  of a decay) is exempt: such steps can be too small to see. An lr of *exactly* 0 after it was
+  positive is not a tail: nothing can move any more (a StepLR with gamma 0, a cosine schedule to
+  min_lr=0 whose T_max ends before the run), so those steps count and the finding names the
+  step where the lr fell to 0.
+- An optimizer whose parameters are all frozen (``requires_grad=False``) while backward runs
+  updates nothing: reported after ``min_still`` such steps, naming the optimizer as the cause.
 - AMP-skipped steps and frozen parameters are never counted.
 """
 
@@ -25,6 +30,7 @@ from .._collect.records import StepRecord
 from .._findings import Finding
 from ._common import common_module
 from .base import Detector, RunContext
+from .unregistered_parameter import GRAPH_CUT
 
 __all__ = ["NoUpdateDetector"]
 
@@ -43,6 +49,9 @@ class NoUpdateDetector(Detector, Probe):
         self._still: dict[str, list[int]] = {}
         self._max_lr = 0.0
         self._cleared_steps: list[int] = []
+        self._frozen_steps: list[int] = []
+        #: the first step whose lr was exactly 0 after a positive lr (None while it is positive)
+        self._lr_zero_since: Optional[int] = None
         self._reported: set[str] = set()
         self._host: Optional[ProbeHost] = None
 
@@ -62,26 +71,39 @@ class NoUpdateDetector(Detector, Probe):
                     and rec.meta.weights_recorded and prev.meta.backward_calls and not prev.meta.amp_skipped:
                 self._compare(prev, rec, watched)
             if lrs:
+                if max(lrs) == 0 and self._max_lr > 0 and self._lr_zero_since is None:
+                    self._lr_zero_since = rec.step
+                elif max(lrs) > 0:
+                    self._lr_zero_since = None
                 self._max_lr = max(self._max_lr, max(lrs))
+            if len(self._frozen_steps) < 16 and self._all_frozen(rec):
+                self._frozen_steps.append(rec.step)
             if len(self._cleared_steps) < 16 and self._all_cleared(rec, watched):
                 self._cleared_steps.append(rec.step)
             self._prev = rec
         found += self._still_findings()
         found += self._cleared_finding()
+        found += self._frozen_finding()
         return found
+
+    def _all_frozen(self, rec: StepRecord) -> bool:
+        """A backward ran, yet every parameter the optimizer holds has requires_grad=False."""
+        opt = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params]
+        return bool(rec.meta.backward_calls and opt) and set(opt) <= set(rec.meta.frozen)
 
     @staticmethod
     def _all_cleared(rec: StepRecord, watched: list[str]) -> bool:
-        """A backward ran, yet no watched parameter had a gradient at the step."""
+        """A backward ran, yet no watched trainable parameter had a gradient at the step."""
         meta = rec.meta
-        if not (meta.backward_calls and not meta.amp_skipped and watched):
+        trainable = set(watched) - set(meta.frozen)
+        if not (meta.backward_calls and not meta.amp_skipped and trainable):
             return False
-        return len(meta.grad_missing) >= len(watched) and set(watched) <= set(meta.grad_missing)
+        return len(meta.grad_missing) >= len(trainable) and trainable <= set(meta.grad_missing)
 
     def _compare(self, prev: StepRecord, rec: StepRecord, watched: list[str]) -> None:
         pre0, pre1, grads = prev.mapping("param_norm"), rec.mapping("param_norm"), prev.mapping("grad_norm")
         lrs = [lr for lr in prev.meta.lrs if lr is not None]
-        decayed = bool(lrs) and self._max_lr > 0 and max(lrs) < 1e-3 * self._max_lr
+        decayed = bool(lrs) and self._max_lr > 0 and 0 < max(lrs) < 1e-3 * self._max_lr
         lr_zero = bool(lrs) and max(lrs) == 0
         lr = max(lrs) if lrs else 1.0
         skip = set(prev.meta.frozen) | set(prev.meta.grad_missing)
@@ -113,28 +135,63 @@ class NoUpdateDetector(Detector, Probe):
         steps = sorted({s for v in still.values() for s in v})
         grads = rec.mapping("grad_norm") if rec is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
-        cause = ("the learning rate is 0" if lr_zero else
-                 "the step had no effect, or the weights were restored between steps")
+        fell = self._lr_zero_since
+        if lr_zero and fell is not None:
+            cause = (f"the learning rate fell to exactly 0 at step {fell} after peaking at "
+                     f"{self._max_lr:.3g} (a step schedule with gamma 0, or a decay to min_lr=0 "
+                     "that ends before the run does?)")
+        elif lr_zero:
+            cause = "the learning rate is 0"
+        else:
+            cause = "the step had no effect, or the weights were restored between steps"
         return [self.finding(
             f"{len(still)} parameter(s) under {module or '<model>'} received non-zero gradients but "
             f"were bit-identical before {len(steps) + 1} consecutive optimizer steps: {cause}",
-            module=module, step=steps[-1] + 1, severity="error",
+            module=module, step=steps[-1] + 1, onset_step=steps[0], severity="error",
             evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16],
                       "grad_norm": {n: grads.get(n) for n in sorted(still)[:4]},
-                      "lrs": [lr for lr in lrs if lr is not None], "max_lr_seen": self._max_lr},
+                      "lrs": [lr for lr in lrs if lr is not None], "max_lr_seen": self._max_lr,
+                      "lr_zero_since": fell if lr_zero else None},
             next_check="inspect_optimizer_update",
         )]
 
     def _cleared_finding(self) -> list[Finding]:
         if "<cleared>" in self._reported or len(self._cleared_steps) < self.min_still:
             return []
+        cut = self.ctx.extras.get(GRAPH_CUT)
+        if cut and cut["leaves"] and not cut["reached_params"]:
+            return []  # the loss never reached the parameters: no_gradient names the cut
         self._reported.add("<cleared>")
         return [self.finding(
             f"backward() ran but no parameter had a gradient at {len(self._cleared_steps)} "
             "optimizer steps: the gradients are cleared between backward() and step() (is "
             "zero_grad() called after backward?), so every step does nothing",
-            module="", step=self._cleared_steps[self.min_still - 1], severity="error",
+            module="", step=self._cleared_steps[self.min_still - 1],
+            onset_step=self._cleared_steps[0], severity="error",
             evidence={"steps": self._cleared_steps[:16], "parameters_watched": len(self._watched())},
+            next_check="inspect_optimizer_update",
+        )]
+
+    def _frozen_finding(self) -> list[Finding]:
+        if "<frozen>" in self._reported or len(self._frozen_steps) < self.min_still:
+            return []
+        self._reported.add("<frozen>")
+        opt = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
+        module = common_module(self.ctx.owner(n) for n in opt)
+        trainable_outside = [n for n in self.ctx.param_names if n not in self.ctx.optimizer_params
+                             and n not in set(self._prev.meta.frozen if self._prev else ())]
+        return [self.finding(
+            f"every one of the {len(opt)} parameter(s) the optimizer holds (under "
+            f"{module or '<model>'}) has requires_grad=False, so optimizer.step() changes nothing "
+            f"and the run cannot learn" + (
+                f"; the {len(trainable_outside)} trainable parameter(s) are in no optimizer "
+                "(was the optimizer built over the frozen part, or the freeze inverted?)"
+                if trainable_outside else ""),
+            module=module, step=self._frozen_steps[self.min_still - 1],
+            onset_step=self._frozen_steps[0], severity="error",
+            evidence={"optimizer_parameters": len(opt), "frozen": len(opt),
+                      "trainable_outside_optimizer": trainable_outside[:8],
+                      "steps": self._frozen_steps[:16]},
             next_check="inspect_optimizer_update",
         )]
 

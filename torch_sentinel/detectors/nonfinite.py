@@ -18,6 +18,7 @@ from .._collect.collector import DATA_SHAPE_KEYS, Fault, weight_fault
 from .._collect.records import StepRecord, TensorEvidence, shape_and_dtype
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding
+from ..diagnosis.causes import rank_causes
 from .base import RunContext
 
 __all__ = ["NonFiniteDiagnosis", "core_rows_finite", "locate"]
@@ -182,7 +183,26 @@ def update_ratio(records: Sequence[StepRecord], before_step: int) -> Optional[di
     return None
 
 
-def _next_check(fault: Fault, ratio: Optional[dict[str, Any]]) -> str:
+def _ratio_hint(ratio: Optional[dict[str, Any]], band: tuple[float, float]) -> str:
+    """The last sampled update/weight ratio, read against the same band ``update_ratio`` uses:
+    never "looks sane" for a value outside it."""
+    if ratio is None:
+        return ""
+    low, high = band
+    r = ratio["max_ratio"]
+    if r > high:
+        verdict = f"above the healthy band [{low:.0e}, {high:.3g}]: a learning rate too high is likely."
+    elif r < low:
+        verdict = (f"below the healthy band [{low:.0e}, {high:.3g}]: the weights were barely moving, "
+                   "so the update is not what blew up.")
+    else:
+        verdict = f"inside the healthy band [{low:.0e}, {high:.3g}], so the update size is not the cause."
+    return (f" The update/weight ratio at step {ratio['step']} was {ratio['ratio']:.3g} "
+            f"(largest {r:.3g} in {ratio['max_ratio_param']}), " + verdict)
+
+
+def _next_check(fault: Fault, ratio: Optional[dict[str, Any]],
+                band: tuple[float, float] = (1e-7, 0.1)) -> str:
     b = fault.boundary
     ev = fault.evidence
     mtype = str(fault.detail.get("module_type", ""))
@@ -190,13 +210,7 @@ def _next_check(fault: Fault, ratio: Optional[dict[str, Any]]) -> str:
         return ("inspect the batch and its preprocessing: a NaN from division by a zero std "
                 "(a constant feature), a log of zero or negative values, or missing values "
                 "read as NaN. The model did not produce it.")
-    hint_ratio = ""
-    if ratio is not None:
-        hint_ratio = (f" The update/weight ratio at step {ratio['step']} was {ratio['ratio']:.3g} "
-                      f"(largest {ratio['max_ratio']:.3g} in {ratio['max_ratio_param']}); "
-                      "healthy training sits near 1e-3, so "
-                      + ("a learning rate too high is likely." if ratio["max_ratio"] > 0.1
-                         else "the learning rate looks sane."))
+    hint_ratio = _ratio_hint(ratio, band)
     if b == "forward":
         big = max(abs(ev.min or 0.0), abs(ev.max or 0.0))
         if ev.dtype == "float16" or (big and big > _FP16_MAX * 0.5 and ev.dtype in ("float16", None)):
@@ -244,6 +258,16 @@ class NonFiniteDiagnosis:
     def error(self, fault: Fault, recent: Sequence[StepRecord], rank: Optional[int] = None) -> NonFiniteError:
         ev = fault.evidence
         ratio = update_ratio(recent, fault.step)
+        band = (self.ctx.threshold("update_ratio.low", 1e-7), self.ctx.threshold("update_ratio.high", 0.1))
+        local = _next_check(fault, ratio, band)
+        causes = rank_causes(fault.boundary, fault.detail, recent, fault.step, band, local=local)
+        first = causes[0]
+        if first.name.startswith("local_") or first.name == "data":
+            advice = local
+        else:
+            others = "; ".join(f"({i}) {c.text}" for i, c in enumerate(causes[1:3], start=2))
+            advice = (f"likely causes, most likely first: (1) {first.text}."
+                      + (f" Then: {others}" if others else ""))
         if fault.module is not None and not fault.detail.get("module_type"):
             fault.detail["module_type"] = self.ctx.module_types.get(fault.module, "")
         module_txt = (f"module {fault.module or '<model>'!r}" + (
@@ -266,12 +290,12 @@ class NonFiniteDiagnosis:
             extra = f"; first non-finite output came from {fault.detail.get('first_nonfinite_output_of')!r} whose inputs were already non-finite"
         message = format_message(
             f"non-finite values first appeared at step {fault.step}, boundary {fault.boundary!r}, "
-            f"{module_txt}{rank_txt}",
+            f"{module_txt}{rank_txt}; likely cause: {_CAUSE_NAMES.get(first.name, first.name)}",
             expected=_expected(fault.boundary),
             arrived=f"a tensor of {shape}, {dtype} with {counts}",
             where=f"step {fault.step} (0-based: optimizer steps completed before it), "
                   f"{module_txt}{extra}",
-            next_check=_next_check(fault, ratio),
+            next_check=advice,
         )
         evidence = {
             "nan": ev.nan, "posinf": ev.posinf, "neginf": ev.neginf,
@@ -280,6 +304,8 @@ class NonFiniteDiagnosis:
         }
         if ratio is not None:
             evidence["update_ratio_before"] = ratio
+        evidence["likely_cause"] = first.name
+        evidence["likely_causes"] = [c.to_dict() for c in causes[:4]]
         return NonFiniteError(
             message, step=fault.step, boundary=fault.boundary, module=fault.module,
             nan=ev.nan, posinf=ev.posinf, neginf=ev.neginf,
@@ -292,9 +318,25 @@ class NonFiniteDiagnosis:
             kind="non_finite", boundary=err.boundary,  # type: ignore[arg-type]
             module=err.module, step=err.step, severity="error",
             message=str(err).splitlines()[0], evidence=err.evidence,
-            next_check=_NEXT_CHECK.get(err.boundary, "inspect_boundary"), rank=err.rank,
+            next_check=_CAUSE_CHECK.get(str(err.evidence.get("likely_cause")))
+            or _NEXT_CHECK.get(err.boundary, "inspect_boundary"), rank=err.rank,
         )
 
+
+_CAUSE_NAMES = {
+    "learning_rate": "learning rate too high",
+    "accumulating_gradients": "gradients accumulating across steps (zero_grad() missing)",
+    "data": "the batch",
+    "local_forward": "the computation in this module",
+    "local_loss": "the loss computation",
+    "local_gradients": "a backward with an infinite derivative",
+    "local_updates": "the optimizer step",
+}
+
+_CAUSE_CHECK = {
+    "learning_rate": "lower_learning_rate",
+    "accumulating_gradients": "clear_gradients_every_step",
+}
 
 _NEXT_CHECK = {
     "data": "inspect_data_pipeline",

@@ -7,6 +7,12 @@ Two sources of evidence:
   optimizer parameters nor model inputs (submodules kept in a plain Python list, raw tensors
   with ``requires_grad``). The graph is walked on the host at steps 0 and 1, then every
   ``unregistered_parameter.walk_every`` (500) steps: a few milliseconds, no device read.
+
+A leaf that requires grad but that no module holds, not even in a plain list, is not a forgotten
+parameter: it is a tensor rebuilt from the model's output (``torch.tensor(out.tolist(),
+requires_grad=True)``, a numpy round trip, ``.detach().requires_grad_()``), a new leaf between
+the model and the loss where the graph was cut. Those are handed to ``no_gradient`` through
+:data:`GRAPH_CUT` in the run context's extras, and named for what they are there.
 """
 
 from __future__ import annotations
@@ -26,8 +32,10 @@ from .._findings import Finding
 from ._common import common_module
 from .base import Detector, RunContext
 
-__all__ = ["UnregisteredParameterDetector"]
+__all__ = ["GRAPH_CUT", "UnregisteredParameterDetector"]
 
+#: Key in ``RunContext.extras``: {"leaves": [(shape, step)], "reached_params": bool} per walk.
+GRAPH_CUT = "graph_cut"
 
 
 class UnregisteredParameterDetector(Detector, Probe):
@@ -71,10 +79,18 @@ class UnregisteredParameterDetector(Detector, Probe):
         if _is_compiling() or not self._walk_now(c.step) or len(self._stray) >= 32:
             return
         inputs = {id(r()) for r in self._inputs if r() is not None}
-        for leaf in graph_leaves(loss):
+        leaves = graph_leaves(loss)
+        reached = any(id(leaf) in self._known for leaf in leaves)
+        for leaf in leaves:
             if id(leaf) in self._known or id(leaf) in inputs or not leaf.requires_grad:
                 continue
             owner, path = locate_attribute(c.map.modules, leaf)
+            if not owner and path == "<unknown>":
+                cut = self.ctx.extras.setdefault(GRAPH_CUT, {"leaves": [], "reached_params": True})
+                if len(cut["leaves"]) < 8:
+                    cut["leaves"].append((list(leaf.shape), c.step))
+                cut["reached_params"] = cut["reached_params"] and reached
+                continue
             label = f"{owner}.{path}" if owner else path
             if label not in self._stray:
                 self._stray[label] = (owner, list(leaf.shape), int(leaf.numel()), c.step)
