@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import torch_sentinel
 from torch_sentinel._collect.ledger import Ledger
 from torch_sentinel._collect.records import StepMeta, StepRecord
 from torch_sentinel.detectors.amp_skips import AmpSkipsDetector
@@ -91,3 +92,63 @@ def test_amp_skips(skips: int, fires: bool) -> None:
     assert bool(found) is fires
     if fires:
         assert found[0].evidence["consecutive_skips"] == 30 and found[0].step == 29
+
+
+def _curriculum_run(scale: float) -> torch_sentinel.Report:
+    """A real regression MLP on a curriculum: the first 4 steps see shrunken targets, so the loss
+    rises when the full targets arrive and then falls to a fraction of its start."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+    g = torch.Generator().manual_seed(0)
+    x_all = torch.randn(512, 8, generator=g)
+    y_all = x_all @ (torch.randn(8, 1, generator=g) * 0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    with torch_sentinel.attach(model, opt) as s:
+        for step in range(60):
+            idx = torch.arange(64) + (step % 8) * 64
+            y = y_all[idx] * (scale if step < 4 else 1.0)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x_all[idx]), y).backward()
+            opt.step()
+        return s.report()
+
+
+def _lr_run(lr: float) -> torch_sentinel.Report:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    g = torch.Generator().manual_seed(0)
+    x_all = torch.randn(512, 20, generator=g)
+    y_all = x_all[:, :10].argmax(1)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    with torch_sentinel.attach(model, opt) as s:
+        for step in range(60):
+            idx = torch.arange(64) + (step % 8) * 64
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+            opt.step()
+        return s.report()
+
+
+def test_diverging_never_reads_the_future_on_a_real_model() -> None:
+    """Regression (issue 12): a brief early rise was called diverging "from a low" that the run
+    only reached 40 steps later in the same flush window."""
+    report = _curriculum_run(0.5)
+    assert report.by_kind("diverging") == [], [str(f) for f in report.findings]
+
+
+def test_diverging_catches_a_real_early_climb() -> None:
+    (f,) = _curriculum_run(0.2).by_kind("diverging")  # targets x5 after step 4: a real climb
+    assert f.onset_step is not None and f.step is not None and f.step - f.onset_step <= 20
+
+
+@pytest.mark.parametrize("lr", [0.3, 1.0], ids=["adam_lr_0.3", "adam_lr_1"])
+def test_diverging_catches_a_jump_at_step_one_that_never_comes_back(lr: float) -> None:
+    """Regression (issue 12): the spike sat in the first smoothed point, so the curve never rose
+    above its own start."""
+    (f,) = _lr_run(lr).by_kind("diverging")
+    assert f.onset_step == 1 and f.step is not None and f.step <= 20
+    assert f.evidence["lowest_loss_since"] >= 2 * f.evidence["first_loss"]
+
+
+def test_diverging_quiet_at_a_sane_learning_rate() -> None:
+    assert _lr_run(1e-3).by_kind("diverging") == []

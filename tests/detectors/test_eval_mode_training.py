@@ -51,3 +51,29 @@ def test_quiet(case: str) -> None:
         model[1].eval()
     report = _loop(model, validate_with_grad=case == "validation_forward_with_grad")
     assert report.by_kind("eval_mode_training") == []
+
+
+@pytest.mark.parametrize("forget", [True, False], ids=["train_forgotten", "train_restored"])
+def test_train_forgotten_after_a_mid_run_validation(forget: bool) -> None:
+    """Regression (issue 12): the flag was sampled at steps 0-4 and every 50th only, so a
+    model.train() forgotten after a validation pass at step 23 went unseen until step 50."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torch_sentinel.attach(model, opt) as s:
+        for step in range(45):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            if step == 23:
+                model.eval()
+                with torch.no_grad():
+                    model(torch.randn(8, 4))
+                if not forget:
+                    model.train()
+        found = s.report().by_kind("eval_mode_training")
+    if not forget:
+        assert found == []
+        return
+    (f,) = found
+    assert f.onset_step == 24 and f.step is not None and f.step - 24 <= 20
+    assert f.module == "" and f.evidence["model_in_eval"] is True

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import torch_sentinel
-from torch_sentinel.detectors.nonfinite import _ratio_hint
+from torch_sentinel.detectors.base import RunContext
+from torch_sentinel.detectors.nonfinite import NonFiniteDiagnosis, _ratio_hint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -104,6 +105,8 @@ def test_nonfinite_error_names_the_cause_first(case: str) -> None:
         assert err.evidence["likely_causes"][0]["evidence"]  # the figures behind it
     if cause == "local_loss":
         assert err.step == 30 and err.boundary == "loss"
+    finding = NonFiniteDiagnosis(RunContext([], {}, [], {}, set(), list)).finding(err)
+    assert finding.next_check == check and finding.evidence["likely_cause"] == cause
 
 
 @pytest.mark.parametrize("ratio,words", [(0.0, "below the healthy band"), (1e-3, "inside the healthy band"),

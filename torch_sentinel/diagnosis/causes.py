@@ -138,7 +138,9 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
     causes: list[Cause] = []
 
     # learning rate: the lr itself grew, the updates were too large, and what they feed grew.
-    lr_score, lr_ev, lr_txt = 0.0, {}, []
+    lr_score = 0.0
+    lr_ev: dict[str, Any] = {}
+    lr_txt: list[str] = []
     g = _growth(t.lr)
     if g is not None and g[0] >= _LR_GROWTH:
         lr_score += 3
@@ -166,7 +168,8 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
         lr_txt.append(f"the loss rose {lg[0]:.3g}x ({lg[1]:.4g} to {lg[2]:.4g})")
 
     # accumulating gradients: stale gradients at the first backward of consecutive steps.
-    acc_score, acc_ev = 0.0, {}
+    acc_score = 0.0
+    acc_ev: dict[str, Any] = {}
     if t.stale or str(detail.get("present", "")).startswith("non-finite gradients carried over"):
         acc_score = 1.0 + 1.5 * min(len(t.stale), 3)
         if str(detail.get("present", "")).startswith("non-finite gradients carried over"):
