@@ -38,8 +38,9 @@ class Bug:
         line: the one-line change, in words (for the detection table).
         kind: the finding kind that names the cause, or a tuple of kinds that each name it (an
             oversized learning rate is named by ``update_ratio`` as well as by ``diverging``).
-        module: the module the finding must name (``""`` is the attached model itself), or None
-            when the bug has no place (a loop-level bug: zero_grad, lr, schedule).
+        module: the module the finding must name, or a module inside it (``""`` is the attached
+            model itself and must be named exactly), or None when the bug has no place (a
+            loop-level bug: zero_grad, lr, schedule).
         nonfinite: the run ends in ``NonFiniteError``.
         xfail: why the current detectors miss it (the test is strict-xfail), or None.
     """
@@ -77,6 +78,13 @@ class Outcome:
                                 message=str(self.error), module=self.error.module,
                                 step=self.error.step, severity="error"))
         return min(hits, key=lambda f: (f.step if f.step is not None else 1 << 30)) if hits else None
+
+    @staticmethod
+    def localised(found: Optional[str], expected: str) -> bool:
+        """``found`` names ``expected`` or a module inside it (the root ``""`` only exactly)."""
+        if found is None:
+            return False
+        return found == expected or (expected != "" and found.startswith(expected + "."))
 
     def summary(self) -> list[tuple[str, Optional[str], Optional[int]]]:
         return [(f.kind, f.module, f.step) for f in self.findings]

@@ -29,9 +29,7 @@ BUGS = {
                                   "not named by its call site (Net.forward, the model itself)"),
     "no_zero_grad": Bug("optimizer.zero_grad() deleted from the batch loop", "missing_zero_grad"),
     "eval_left_on": Bug("model.eval() (from test()) never undone by model.train()",
-                        "eval_mode_training", module="",
-                        xfail="not found: the train/eval flag is sampled at steps 0-4 and every "
-                              "50th only; eval() from the step-20 test() pass is never seen"),
+                        "eval_mode_training", module=""),
 }
 
 
