@@ -28,6 +28,8 @@ import torch_sentinel
 from torch_sentinel import Finding, NonFiniteError
 
 PROGRAMS_DIR = pathlib.Path(__file__).parent / "programs"
+#: issue 12: "a fault present from its onset is reported within 20 optimizer steps of it"
+MAX_LATENCY = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,10 @@ class Bug:
             loop-level bug: zero_grad, lr, schedule).
         nonfinite: the run ends in ``NonFiniteError``.
         xfail: why the current detectors miss it (the test is strict-xfail), or None.
+        onset: the first optimizer step (0-based) at which the fault is present, known by
+            construction (a schedule reaching 0, an ``eval()`` left on after a mid-run pass).
+        late: why the finding comes more than ``MAX_LATENCY`` steps after ``onset`` today (the
+            latency test is strict-xfail), or None.
     """
 
     line: str
@@ -50,6 +56,8 @@ class Bug:
     module: Optional[str] = None
     nonfinite: bool = False
     xfail: Optional[str] = None
+    onset: int = 0
+    late: Optional[str] = None
 
 
     @property
@@ -129,4 +137,5 @@ def execute(program: ModuleType, bug: Optional[str], log_dir: pathlib.Path) -> O
     return Outcome(losses, read_findings(log_dir), error)
 
 
-__all__ = ["Bug", "Outcome", "execute", "load", "program_names", "read_findings", "torch_sentinel"]
+__all__ = ["MAX_LATENCY", "Bug", "Outcome", "execute", "load", "program_names", "read_findings",
+           "torch_sentinel"]

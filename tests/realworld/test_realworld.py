@@ -18,13 +18,22 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
-from realworld.harness import Outcome, execute, load, program_names
+from realworld.harness import MAX_LATENCY, Outcome, execute, load, program_names
 
 from torch_sentinel import NonFiniteError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 PROGRAMS = program_names()
+#: one run per variant, shared by the detection and the latency test (each run costs ~0.5 s)
+_OUTCOMES: dict[tuple[str, Optional[str]], Outcome] = {}
+
+
+def _outcome(name: str, bug: Optional[str], factory: pytest.TempPathFactory) -> Outcome:
+    key = (name, bug)
+    if key not in _OUTCOMES:
+        _OUTCOMES[key] = execute(load(name), bug, factory.mktemp(f"{name}-{bug}"))
+    return _OUTCOMES[key]
 
 
 def _healthy_params() -> list[Any]:
@@ -47,6 +56,16 @@ def _bugs() -> Iterator[Any]:
         for bug, spec in load(name).BUGS.items():
             marks = [pytest.mark.xfail(strict=True, reason=spec.xfail)] if spec.xfail else []
             yield pytest.param(name, bug, id=f"{name}-{bug}", marks=marks)
+
+
+def _latency_params() -> list[Any]:
+    params = []
+    for name in PROGRAMS:
+        for bug, spec in load(name).BUGS.items():
+            reason = spec.late or (spec.xfail and f"detection: {spec.xfail}")
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            params.append(pytest.param(name, bug, id=f"{name}-{bug}", marks=marks))
+    return params
 
 
 def _record(name: str, bug: Optional[str], outcome: Outcome, expected: Any, found: Any) -> None:
@@ -84,9 +103,10 @@ def test_healthy_program_is_quiet_and_learns(name: str, tmp_path: pathlib.Path) 
 
 
 @pytest.mark.parametrize(("name", "bug"), _bugs_params())
-def test_injected_bug_is_found_and_localised(name: str, bug: str, tmp_path: pathlib.Path) -> None:
+def test_injected_bug_is_found_and_localised(name: str, bug: str,
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
     spec = load(name).BUGS[bug]
-    outcome = execute(load(name), bug, tmp_path)
+    outcome = _outcome(name, bug, tmp_path_factory)
     hit = outcome.first(spec.kinds)
     _record(name, bug, outcome, {"kind": spec.kinds, "module": spec.module},
             None if hit is None else {"kind": hit.kind, "module": hit.module, "step": hit.step,
@@ -100,3 +120,15 @@ def test_injected_bug_is_found_and_localised(name: str, bug: str, tmp_path: path
     if spec.module is not None:
         assert outcome.localised(hit.module, spec.module), (
             f"localised to {hit.module!r}, expected {spec.module!r}; found {outcome.summary()}")
+
+
+@pytest.mark.parametrize(("name", "bug"), _latency_params())
+def test_injected_bug_is_reported_within_twenty_steps_of_its_onset(
+        name: str, bug: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue 12: at default settings a fault is reported within 20 optimizer steps of its onset."""
+    spec = load(name).BUGS[bug]
+    hit = _outcome(name, bug, tmp_path_factory).first(spec.kinds)
+    assert hit is not None and hit.step is not None
+    assert hit.step - spec.onset <= MAX_LATENCY, (
+        f"{hit.kind} reported at step {hit.step}, {hit.step - spec.onset} steps after the fault's "
+        f"onset at step {spec.onset}")

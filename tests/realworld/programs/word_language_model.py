@@ -28,7 +28,7 @@ BUGS = {
     "no_zero_grad": Bug("model.zero_grad() deleted before loss.backward()", "missing_zero_grad",
                         xfail=NO_OPTIMIZER),
     "eval_left_on": Bug("model.train() missing at the start of train() after evaluate()",
-                        "eval_mode_training", module="", xfail=NO_OPTIMIZER),
+                        "eval_mode_training", module="", onset=20, xfail=NO_OPTIMIZER),
     "lr_x100": Bug("lr = 20 * 100 (the example's --lr 20, times 100)", "diverging",
                    xfail=NO_OPTIMIZER),
 }
