@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["CPU_MODELS", "GPU_MODELS", "Workload", "build", "deep_stack"]
+__all__ = ["ALL_MODELS", "CPU_MODELS", "GPU_MODELS", "Workload", "build", "deep_stack", "gpt2_small"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -200,6 +200,29 @@ def gpt(device: torch.device, tiny: bool = False) -> Workload:
     )
 
 
+def gpt2_small(device: torch.device, tiny: bool = False) -> Workload:
+    """GPT-2 small's shape (12 layers, d 768, 12 heads, vocab 50257, context 1024), batch 8."""
+    vocab, d, n_layers, heads, seq, batch = (
+        (64, 16, 2, 2, 8, 2) if tiny else (50257, 768, 12, 12, 1024, 8)
+    )
+    model = GPT(vocab, d, n_layers, heads, seq)
+    data = _batches(
+        lambda g: (
+            torch.randint(0, vocab, (batch, seq), generator=g),
+            torch.randint(0, vocab, (batch, seq), generator=g),
+        ),
+        4,
+        6,
+        device,
+    )
+    return Workload(
+        model.to(device),
+        data,
+        _token_ce,
+        f"GPT-2 small shape: {n_layers} layers, d {d}, {heads} heads, seq {seq}, batch {batch}, vocab {vocab}",
+    )
+
+
 # ---------------------------------------------------------------------------------- scaling
 def deep_stack(device: torch.device, n_modules: int, width: int = 64, batch: int = 32) -> Workload:
     """``n_modules`` hooked modules (Linear/Tanh pairs), for overhead vs module count."""
@@ -227,9 +250,11 @@ CPU_MODELS: dict[str, Callable[..., Workload]] = {
     "transformer": transformer,
 }
 GPU_MODELS: dict[str, Callable[..., Workload]] = {**CPU_MODELS, "gpt": gpt}
+#: Every workload ``build`` knows; ``gpt2s`` is timed by ``benchmarks.gpu_check``.
+ALL_MODELS: dict[str, Callable[..., Workload]] = {**GPU_MODELS, "gpt2s": gpt2_small}
 
 
 def build(name: str, device: torch.device, tiny: bool = False, seed: int = 0) -> Workload:
     """A fresh workload; the same ``seed`` gives every variant the same initial weights."""
     torch.manual_seed(seed)
-    return GPU_MODELS[name](device, tiny)
+    return ALL_MODELS[name](device, tiny)

@@ -7,6 +7,10 @@
 On CPU every tensor is already on the host, so "sync" means an op that *would* force a
 device→host read on an accelerator: a TorchDispatchMode counts them. On CUDA, use
 :func:`cuda_sync_guard`, which makes any synchronising call raise.
+
+:func:`count_launches` counts the ops that launch device work (on CPU too, where each one
+would be one or more kernel launches on a GPU): views, ``detach`` and allocations are left
+out, since they only touch metadata.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostSyncCounter", "count_host_syncs", "cuda_sync_guard"]
+__all__ = ["HostSyncCounter", "LaunchCounter", "count_host_syncs", "count_launches", "cuda_sync_guard"]
 
 _aten = torch.ops.aten
 
@@ -69,6 +73,48 @@ class HostSyncCounter(TorchDispatchMode):
 def count_host_syncs() -> Iterator[HostSyncCounter]:
     """Count device→host reads made inside the block (see :class:`HostSyncCounter`)."""
     counter = HostSyncCounter()
+    with counter:
+        yield counter
+
+
+#: Ops that allocate or alias without computing anything: no kernel on a GPU.
+_NO_LAUNCH = frozenset(
+    op
+    for op in (
+        getattr(_aten.empty, "memory_format", None),
+        getattr(_aten.empty_strided, "default", None),
+        getattr(_aten.empty_like, "default", None),
+        getattr(_aten.resize_, "default", None),
+        getattr(_aten.set_, "source_Storage_storage_offset", None),
+        getattr(_aten._local_scalar_dense, "default", None),  # a host read: see count_host_syncs
+    )
+    if op is not None
+)
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Counts the ops that launch device work, by op name (views, ``detach`` and allocations
+    are metadata-only and not counted). A ``torch._foreach_*`` op counts once, as it runs as a
+    few multi-tensor kernels on CUDA whatever the list's length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    @property
+    def count(self) -> int:
+        return sum(self.ops.values())
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if not func.is_view and func not in _NO_LAUNCH:
+            self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def count_launches() -> Iterator[LaunchCounter]:
+    """Count the device-work-launching ops dispatched inside the block (see :class:`LaunchCounter`)."""
+    counter = LaunchCounter()
     with counter:
         yield counter
 
