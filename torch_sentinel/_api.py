@@ -269,6 +269,13 @@ class Sentinel:
         self._raise_fault(fault, rank)
 
     def _raise_fault(self, fault: Fault, rank: Optional[int]) -> None:
+        ev = fault.evidence
+        if ev.nan == 0 and ev.posinf == 0 and ev.neginf == 0:
+            # Exact counts of the tensor itself found nothing: every value is finite in its own
+            # dtype, so only a statistic of it overflowed. Never a NonFiniteError.
+            logger.warning("torch_sentinel: a statistic at step %d (%s, %s) overflowed although the tensor "
+                           "is finite; not reported as non-finite", fault.step, fault.boundary, fault.module)
+            return
         self._nonfinite_reported = True
         self._collector.immediate = False  # one report per run; later steps are consequences
         err = self._nonfinite.error(fault, list(self._recent), rank=rank)

@@ -50,6 +50,12 @@ def _present(lo: float, hi: float) -> str:
     return ", ".join(kinds) or "non-finite values"
 
 
+def _norm_kinds(norm: float) -> str:
+    """What a non-finite L2 norm says about its tensor: NaN propagates; +inf means an Inf of
+    either sign (or a NaN-free overflow, which the caller rules out)."""
+    return "NaN" if math.isnan(norm) else "Inf"
+
+
 def _norm_is_nonfinite(norm: float, ctx: RunContext) -> bool:
     """A NaN norm always means a NaN value; +inf may be float32 overflow where not confirmed."""
     if math.isnan(norm) or norm == -math.inf:
@@ -129,11 +135,13 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
                 if _norm_is_nonfinite(grads[i], ctx):
                     return Fault(step, "gradients", ctx.owner(names[i]), TensorEvidence(), {
                         "present": "non-finite gradient norm", "parameter": names[i],
-                        "grad_norm": float(grads[i]),
+                        "grad_norm": float(grads[i]), "kinds": _norm_kinds(float(grads[i])),
                     })
-        if not math.isfinite(record.value("misc", "stale_grad_norm")):
+        stale = record.value("misc", "stale_grad_norm")
+        if not math.isfinite(stale):
             return Fault(step, "gradients", None, TensorEvidence(), {
                 "present": "non-finite gradients carried over from the previous step",
+                "kinds": _norm_kinds(stale),
             })
 
     updates = record.array("update_norm")
@@ -142,7 +150,7 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
         names = record.keys("update_norm")
         i = bad_updates[0]
         return Fault(step, "updates", ctx.owner(names[i]), TensorEvidence(), {
-            "present": "non-finite update", "parameter": names[i],
+            "present": "non-finite update", "parameter": names[i], "kinds": _norm_kinds(float(updates[i])),
         })
     return None
 
@@ -155,7 +163,9 @@ def _weight_fault(record: StepRecord, ctx: RunContext) -> Optional[Fault]:
         return None
     for i, name in enumerate(record.keys("param_norm")):
         if _norm_is_nonfinite(params[i], ctx):
-            return weight_fault(record.step, ctx.owner(name), name, float(params[i]))
+            fault = weight_fault(record.step, ctx.owner(name), name, float(params[i]))
+            fault.detail["kinds"] = _norm_kinds(float(params[i]))
+            return fault
     return None
 
 
@@ -277,7 +287,10 @@ class NonFiniteDiagnosis:
         if ev.nan is not None:
             counts = f"{ev.nan} NaN, {ev.posinf} +Inf, {ev.neginf} -Inf"
         else:
-            counts = f"{fault.detail.get('present', 'non-finite values')} present (exact counts need check='immediate')"
+            present = fault.detail.get("present", "non-finite values")
+            kinds = fault.detail.get("kinds")
+            counts = (f"{kinds} present ({present}; exact counts need check='immediate')" if kinds
+                      else f"{present} present (exact counts need check='immediate')")
         shape = f"shape {tuple(ev.shape)}" if ev.shape is not None else "shape unknown"
         dtype = f"dtype {ev.dtype}" if ev.dtype else "dtype unknown"
         rank_txt = f" on rank {rank}" if rank is not None else ""
