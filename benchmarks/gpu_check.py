@@ -122,7 +122,7 @@ def dispatch_launches(runs: dict[str, Run], steps: int) -> dict[str, Any]:
         out[name] = {"per_step": c.count / steps, "top_ops": dict(c.ops.most_common(8))}
     bare = out["bare"]["per_step"]
     modules = runs["bare"].modules
-    for name, entry in out.items():
+    for entry in out.values():
         entry["added_per_step"] = entry["per_step"] - bare
         entry["added_per_module_per_step"] = entry["added_per_step"] / modules
     return {"modules": modules, "variants": out}

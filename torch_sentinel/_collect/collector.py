@@ -25,6 +25,7 @@ from torch import nn
 
 from .._errors import SentinelError
 from .compat import is_compiling as _is_compiling
+from .dtypes import DtypePolicy
 from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet
 from .ledger import Ledger
@@ -80,6 +81,9 @@ class Collector:
         self.param_tensors = [p for _, p in self.params]
         self.device = self.map.device()
         self.ledger = Ledger(self.device)
+        for p in self.param_tensors:  # float64 weights and norms need float64 slots from the start
+            self.ledger.fit(p.dtype)
+        self._dtypes = DtypePolicy(self.ledger)
         self.meta = StepMeta(step=0, outgrad_complete=True)
         self.disabled = False
         #: Set once a hook was traced by torch.compile: its host checks never run.
@@ -114,7 +118,7 @@ class Collector:
         self.add_probe(StepProbe())
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(self.module_names))]
         self._grad_prehooks = [functools.partial(self._on_node_grads, i, 0) for i in range(len(self.module_names))]
-        self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows)
+        self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows, dtype=self.ledger.dtype)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -203,16 +207,19 @@ class Collector:
     def finite(self, i: int) -> bool:
         return math.isfinite(self.host_value(i))
 
-    def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False) -> None:
+    def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False, probe: str = "") -> None:
         """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device.
 
         The first write of a pair in a step is a single ``aminmax(out=...)``; later writes (a
         module called twice, gradient accumulation) fold with ``minimum``/``maximum``. Which is
-        which is host bookkeeping, skipped while tracing under torch.compile.
+        which is host bookkeeping, skipped while tracing under torch.compile. Which dtypes are
+        reduced, and the row's own dtype, are ``dtypes.DtypePolicy``'s call.
         """
-        views = self.ledger.views
         d = t.detach()
-        if not compiling and d.dtype is torch.float32 and lo not in self._written:
+        if not self._dtypes.admit(d, compiling, probe):
+            return
+        views = self.ledger.views
+        if not compiling and d.dtype is self.ledger.dtype and lo not in self._written:
             self._written.add(lo)
             torch.aminmax(d, out=(views[lo], views[hi]))
             return
@@ -384,9 +391,10 @@ class Collector:
     def close_row(self) -> None:
         meta = self.meta
         self._emit(self._subs["on_row_close"], meta)
-        if self.ledger.current.numel() > self.ring.width:
-            # The row grew since the ring was sized (a detector's block added at attach, or a
-            # module first called late): hand over the narrower rows, then widen the ring.
+        if self._ring_outgrown():
+            # The row grew since the ring was sized (a detector's block added at attach, a
+            # module first called late, or float64 slots): hand over the older rows, then
+            # widen the ring.
             self.drain(block=True)
         self.ring.push(self.ledger.current, meta)
         self.ledger.reset()
@@ -398,13 +406,17 @@ class Collector:
         self.drain()
         self._emit(self._subs["on_row_closed"], self.step - 1)
 
+    def _ring_outgrown(self) -> bool:
+        return self.ledger.current.numel() > self.ring.width or self.ledger.dtype is not self.ring.dtype
+
     def drain(self, block: bool = False) -> None:
-        if self.ledger.current.numel() > self.ring.width:
+        outgrown = self._ring_outgrown()
+        if outgrown:
             block = True  # the row grew; older rows are narrower but still valid
         for meta, values in self.ring.drain(block=block):
             self.on_record(StepRecord(meta, values, self.ledger.blocks))
-        if self.ledger.current.numel() > self.ring.width and self.ring.pending() == 0:
-            self.ring = HostRing(self.device, self.ledger.current.numel(), rows=self.ring.rows)
+        if outgrown and self.ring.pending() == 0:
+            self.ring = HostRing(self.device, self.ledger.current.numel(), rows=self.ring.rows, dtype=self.ledger.dtype)
 
 
 def _unhandled(fault: Fault) -> None:

@@ -32,7 +32,8 @@ class Fault:
         self.detail = detail
 
 
-def weight_fault(step: int, module: Optional[str], parameter: str, norm: Optional[float]) -> Fault:
+def weight_fault(step: int, module: Optional[str], parameter: str, norm: Optional[float],
+                 evidence: Optional[TensorEvidence] = None) -> Fault:
     """Weights found non-finite at the start of ``step``: the update of the step before made
     them (at step 0: the initial weights, or a checkpoint, were already non-finite)."""
     detail: dict[str, Any] = {"present": "non-finite parameter after the optimizer step", "parameter": parameter}
@@ -40,4 +41,4 @@ def weight_fault(step: int, module: Optional[str], parameter: str, norm: Optiona
         detail["param_norm"] = norm
     if step == 0:
         detail["present"] = "non-finite parameter before the first step (initialisation or checkpoint)"
-    return Fault(max(step - 1, 0), "updates", module, TensorEvidence(), detail)
+    return Fault(max(step - 1, 0), "updates", module, evidence or TensorEvidence(), detail)

@@ -32,16 +32,19 @@ class SlotRange:
 
 
 class Ledger:
-    """The current step's row of float32 slots on the training device.
+    """The current step's row of slots on the training device: float32, or float64 once a
+    float64 value is recorded (:meth:`fit`), so every statistic keeps its own dtype's range.
 
     Slots are registered in named blocks. ``views[i]`` is a 0-d view of slot ``i`` that hooks
     reduce into with ``out=``-style ops, so a hook never allocates a buffer or reads a value.
-    Blocks may be added after the first step (a module first called late); the row then grows,
-    which is the only time its storage is reallocated.
+    Blocks may be added after the first step (a module first called late), and the row may
+    widen to float64 once; those are the only times its storage is reallocated.
     """
 
     def __init__(self, device: torch.device, spare: int = 64) -> None:
         self.device = device
+        #: float32 until a float64 tensor is recorded; then float64 for good.
+        self.dtype = torch.float32
         self.blocks: dict[str, SlotRange] = {}
         self._initial: list[float] = []
         self._spare = spare
@@ -78,7 +81,7 @@ class Ledger:
         old = self.current
         initial = torch.tensor(
             self._initial + [0.0] * (capacity - len(self._initial)),
-            dtype=torch.float32,
+            dtype=self.dtype,
             device=self.device,
         )
         current = initial.clone()
@@ -90,6 +93,14 @@ class Ledger:
         self.host_view = current.numpy() if self.device.type == "cpu" else None
         self.generation += 1
 
+    def fit(self, dtype: torch.dtype) -> None:
+        """Make the row able to hold ``dtype``'s values: float64 values (finite up to ~1.8e308)
+        would overflow float32 slots (~3.4e38) and read as Inf, so the row widens to float64,
+        once. Host bookkeeping plus, the first time only, one reallocation (cold path)."""
+        if dtype is torch.float64 and self.dtype is not torch.float64:
+            self.dtype = torch.float64
+            self._reallocate(self.current.numel())
+
     # -- per step -------------------------------------------------------------------------
     def reset(self) -> None:
         """Start a new row: one device op."""
@@ -97,7 +108,7 @@ class Ledger:
 
     def initial_row(self) -> np.ndarray:
         """A host copy of a fresh row (every slot at its initial value), without a device read."""
-        row = np.zeros(self.current.numel(), dtype=np.float32)
+        row = np.zeros(self.current.numel(), dtype=np.float64 if self.dtype is torch.float64 else np.float32)
         row[: len(self._initial)] = self._initial
         return row
 

@@ -137,8 +137,8 @@ class LossInputs(Probe):
         with torch.no_grad():
             d = x.detach()
             mn, mx = torch.aminmax(d)
-            torch.minimum(views[lo], mn.float(), out=views[lo])
-            torch.maximum(views[hi], mx.float(), out=views[hi])
+            torch.minimum(views[lo], mn, out=views[lo])  # in the row's dtype (float64 if need be)
+            torch.maximum(views[hi], mx, out=views[hi])
             if function != "binary_cross_entropy_with_logits":
                 dim = 1 if d.ndim >= 2 else 0
                 dev = (d.float().sum(dim=dim) - 1.0).abs().amax()

@@ -108,8 +108,10 @@ class ProbeHost(Protocol):
         """Module slots in the order they first completed a forward pass."""
         ...
 
-    def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False) -> None:
-        """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device."""
+    def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False, probe: str = "") -> None:
+        """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device, in the
+        row's dtype (float64 once a float64 tensor came by); a dtype torch cannot reduce is
+        skipped with one warning naming ``probe``."""
         ...
 
     def host_value(self, i: int) -> float:

@@ -12,7 +12,22 @@ from torch import nn
 from .records import TensorEvidence
 from .transfer import read_now
 
-__all__ = ["STANDARD_LAYERS", "VALUE_PRESERVING", "iter_tensors", "reducible", "tensor_evidence"]
+__all__ = [
+    "NATIVE_DTYPES", "STANDARD_LAYERS", "VALUE_PRESERVING", "all_finite", "foreach_norms", "iter_tensors",
+    "reduces", "reducible", "tensor_evidence",
+]
+
+#: Floating dtypes every reduction supports on every device; others (float8, float4) are
+#: probed once per device (:func:`reduces`).
+NATIVE_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+_SUPPORT: dict[tuple[torch.dtype, str], bool] = {}
+
+#: Whether ``_foreach_norm`` takes ``dtype=`` (checked, not assumed, across torch versions).
+try:
+    _NORM_DTYPE = "ScalarType" in str(torch.ops.aten._foreach_norm.Scalar._schema)
+except (AttributeError, RuntimeError):  # pragma: no cover - older torch
+    _NORM_DTYPE = False
 
 
 def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
@@ -59,11 +74,65 @@ STANDARD_LAYERS: tuple[type[nn.Module], ...] = (
 )
 
 
-def tensor_evidence(t: torch.Tensor) -> TensorEvidence:
-    """Exact counts for an offending tensor. Cold path: reads the device."""
+def reduces(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether ``aminmax`` and ``_foreach_norm`` run on ``dtype`` tensors on ``device``.
+
+    The four native floating dtypes always do; any other (float8 variants, float4) is tried
+    once on a one-element tensor and remembered (host-side dispatch errors: no device read).
+    """
+    if dtype in NATIVE_DTYPES:
+        return True
+    key = (dtype, str(device))
+    ok = _SUPPORT.get(key)
+    if ok is None:
+        try:
+            probe = torch.zeros(1, device=device).to(dtype)
+            torch.aminmax(probe)
+            torch._foreach_norm([probe])
+            ok = True
+        except (RuntimeError, NotImplementedError, TypeError):
+            ok = False
+        _SUPPORT[key] = ok
+    return ok
+
+
+def foreach_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms of ``tensors`` with one ``_foreach_norm`` per precision class.
+
+    fp16/bf16 norms are taken in float32 (a norm of ordinary fp16 values can exceed fp16's
+    65,504); float64 tensors keep float64 norms (beyond float32's ~3.4e38). A float32-only
+    list is a single plain ``_foreach_norm``, as before.
+    """
+    if not _NORM_DTYPE or all(t.dtype is torch.float32 for t in tensors):
+        return list(torch._foreach_norm(tensors))
+    wide = [i for i, t in enumerate(tensors) if t.dtype is torch.float64]
+    narrow = [i for i, t in enumerate(tensors) if t.dtype is not torch.float64]
+    out: list[torch.Tensor] = [tensors[0]] * len(tensors)
+    if narrow:
+        for i, n in zip(narrow, torch._foreach_norm([tensors[i] for i in narrow], 2, dtype=torch.float32)):
+            out[i] = n
+    if wide:
+        for i, n in zip(wide, torch._foreach_norm([tensors[i] for i in wide])):
+            out[i] = n
+    return out
+
+
+def _comparable(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in a dtype every comparison supports: float8 values upcast exactly to float32."""
     d = t.detach()
+    return d if d.dtype in NATIVE_DTYPES else d.float()
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every value of ``t`` is finite in its own dtype. Cold path: reads the device."""
+    return bool(read_now(torch.isfinite(_comparable(t)).all()))
+
+
+def tensor_evidence(t: torch.Tensor) -> TensorEvidence:
+    """Exact counts for an offending tensor, in its own dtype. Cold path: reads the device."""
+    ev = TensorEvidence(shape=tuple(t.shape), dtype=str(t.dtype).replace("torch.", ""))
+    d = _comparable(t)
     finite = torch.isfinite(d)
-    ev = TensorEvidence(shape=tuple(d.shape), dtype=str(d.dtype).replace("torch.", ""))
     ev.nan = int(read_now(torch.isnan(d).sum()))
     ev.posinf = int(read_now((d == math.inf).sum()))
     ev.neginf = int(read_now((d == -math.inf).sum()))

@@ -34,11 +34,12 @@ def read_now(t: torch.Tensor) -> float:
 class HostRing:
     """A ring of host rows, each filled asynchronously from the ledger's current row."""
 
-    def __init__(self, device: torch.device, width: int, rows: int = 128) -> None:
+    def __init__(self, device: torch.device, width: int, rows: int = 128, dtype: torch.dtype = torch.float32) -> None:
         self.device = device
         self.rows = rows
         self.width = width
-        self.host = torch.empty((rows, width), dtype=torch.float32, pin_memory=_pinned(device))
+        self.dtype = dtype
+        self.host = torch.empty((rows, width), dtype=dtype, pin_memory=_pinned(device))
         self.np = self.host.numpy()
         self.events = [_event(device) for _ in range(rows)]
         self.meta: list[Any] = [None] * rows

@@ -25,7 +25,7 @@ class DataProbe(Probe):
         host = self.host
         k = 0 if main else 1
         lo, hi = self.lo.start + k, self.hi.start + k
-        host.reduce_into(t, lo, hi, compiling)
+        host.reduce_into(t, lo, hi, compiling, "data")
         if compiling:
             return
         host.meta.shapes[DATA_SHAPE_KEYS[k]] = (t.shape, t.dtype)

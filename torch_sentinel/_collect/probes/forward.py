@@ -16,8 +16,7 @@ from torch import nn
 
 from ..faults import Fault, weight_fault
 from ..probe import Probe, ProbeHost
-from ..tensors import VALUE_PRESERVING, iter_tensors, reducible, tensor_evidence
-from ..transfer import read_now
+from ..tensors import VALUE_PRESERVING, all_finite, iter_tensors, reducible, tensor_evidence
 
 __all__ = ["ForwardProbe"]
 
@@ -38,7 +37,7 @@ class ForwardProbe(Probe):
             return
         host = self.host
         lo, hi = self.lo.start + slot, self.hi.start + slot
-        host.reduce_into(t, lo, hi, compiling)
+        host.reduce_into(t, lo, hi, compiling, "forward")
         if compiling:
             return
         host.meta.shapes[slot] = (t.shape, t.dtype)  # formatted only when a fault is reported
@@ -49,14 +48,14 @@ class ForwardProbe(Probe):
         host = self.host
         name = host.module_names[slot]
         for pname, p in module.named_parameters(recurse=False):
-            if not bool(read_now(torch.isfinite(p.detach()).all())):
+            if not all_finite(p):
                 # Finite inputs, non-finite weights: the previous optimizer step made them.
                 qual = f"{name}.{pname}" if name else pname
-                host.on_fault(weight_fault(host.step, name, qual, None))
+                host.on_fault(weight_fault(host.step, name, qual, None, tensor_evidence(p)))
                 return
         inputs_finite = True
         for a in iter_tensors(args):
-            if reducible(a) and not bool(read_now(torch.isfinite(a.detach()).all())):
+            if reducible(a) and not all_finite(a):
                 inputs_finite = False
                 break
         detail: dict[str, Any] = {"module_type": type(module).__name__, "inputs_finite": inputs_finite}

@@ -30,14 +30,16 @@ class LossProbe(Probe):
     def on_backward(self, loss: torch.Tensor) -> None:
         host = self.host
         i = self.block.start
-        host.ledger.views[i].add_(loss.detach().reshape(()).float())
+        host.ledger.fit(loss.dtype)  # a float64 loss beyond float32's range stays finite
+        host.ledger.views[i].add_(loss.detach().reshape(()))
         if host.immediate and not host.meta.loss_explicit and not host.finite(i):
             host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {}))
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         host = self.host
         i = self.block.start + 1
-        host.ledger.views[i].add_(loss.detach().reshape(()).float())
+        host.ledger.fit(loss.dtype)
+        host.ledger.views[i].add_(loss.detach().reshape(()))
         host.meta.loss_explicit = True
         if host.immediate and not host.finite(i):
             host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {"explicit": True}))
@@ -45,7 +47,8 @@ class LossProbe(Probe):
     def observe_validation(self, loss: Any) -> None:
         meta = self.host.meta
         if isinstance(loss, torch.Tensor):
-            self.host.ledger.views[self.block.start + 2].copy_(loss.detach().reshape(()).float())
+            self.host.ledger.fit(loss.dtype)
+            self.host.ledger.views[self.block.start + 2].copy_(loss.detach().reshape(()))
             meta.validation_on_device = True
         else:
             meta.validation = float(loss)

@@ -8,6 +8,7 @@ their total norm goes into ``misc.stale_grad_norm``.
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from ..ledger import FLOAT_MAX
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
-from ..transfer import read_now
+from ..tensors import all_finite, foreach_norms, reduces
 
 __all__ = ["NormsProbe"]
 
@@ -39,6 +40,8 @@ class NormsProbe(Probe):
         self.sharded = ShardedNorms(tensors)
         self._sharded_pairs = ShardedNorms(tensors + tensors)
         self._missing_index_cache: dict[tuple[int, ...], torch.Tensor] = {}
+        #: dtypes already warned about (no norm for them on this device).
+        self._skipped: set[torch.dtype] = set()
 
     # -- events ---------------------------------------------------------------------------
     def on_backward(self, loss: torch.Tensor) -> None:
@@ -64,9 +67,10 @@ class NormsProbe(Probe):
         # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
         stale = [local(p.grad) for p in host.param_tensors if p.grad is not None]
         host.meta.stale_grads = len(stale)
+        stale = [g for g in stale if reduces(g.dtype, g.device)]
         if stale and host.step > 0:
             with torch.no_grad():
-                norms = torch._foreach_norm(stale)
+                norms = foreach_norms(stale)
                 total = torch.linalg.vector_norm(torch.stack([n.to(host.device) for n in norms]))
                 host.ledger.views[host.ledger.block("misc").start].copy_(total)
 
@@ -95,10 +99,18 @@ class NormsProbe(Probe):
             return list(range(n))
         if sharded:
             tensors = [None if t is None else local(t) for t in tensors]
-        norms = list(torch._foreach_norm([tensors[i] for i in present]))  # type: ignore[misc]
+        # A dtype torch has no norm for (float8 weights) keeps its slot's initial value: skipped,
+        # with one warning, not reported as a missing gradient.
+        unsupported = [i for i in present if not reduces(tensors[i].dtype, tensors[i].device)]  # type: ignore[union-attr]
+        if unsupported:
+            self._skip(tensors, unsupported)
+            present = [i for i in present if i not in set(unsupported)]
+            if not present:
+                return [i for i in range(n) if tensors[i] is None]
+        norms = foreach_norms([tensors[i] for i in present])  # type: ignore[misc]
         if not self._same_device:
             norms = [t.to(host.device) for t in norms]
-        stacked = sharded.globalize(torch.stack(norms).float(), present)
+        stacked = sharded.globalize(torch.stack(norms).to(host.ledger.dtype), present)
         dest = host.ledger.current[block_start : block_start + n]
         if len(present) == n:
             dest.copy_(stacked)
@@ -112,6 +124,22 @@ class NormsProbe(Probe):
         if host.ledger.host_view is not None:
             self._confirm_norm_overflow(block_start, tensors)
         return [i for i in range(n) if tensors[i] is None]
+
+    def _skip(self, tensors: list[Optional[torch.Tensor]], indices: list[int]) -> None:
+        for i in indices:
+            t = tensors[i]
+            assert t is not None
+            if t.dtype in self._skipped:
+                continue
+            self._skipped.add(t.dtype)
+            name = str(t.dtype).replace("torch.", "")
+            warnings.warn(
+                f"torch_sentinel: {name} tensors are not watched by the 'norms' probe (e.g. "
+                f"{self.host.params[i % len(self.host.params)][0]!r}): torch has no norm for {name} on "
+                f"{t.device.type}; their gradient, weight and update norms are not recorded, the others' are",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _confirm_norm_overflow(self, start: int, tensors: list[Optional[torch.Tensor]]) -> None:
         """An L2 norm of +inf may be float32 overflow of finite values (|x| > ~1e19): confirm
@@ -127,7 +155,7 @@ class NormsProbe(Probe):
         row = hv[start : start + len(tensors)]
         for i in np.flatnonzero(np.isposinf(row)).tolist():
             t = tensors[i]
-            if t is not None and bool(read_now(torch.isfinite(t).all())):
+            if t is not None and all_finite(t):
                 row[i] = FLOAT_MAX
                 name = host.params[i % len(host.params)][0]
                 if name not in host.meta.norm_overflow:  # gradient and weight: once each

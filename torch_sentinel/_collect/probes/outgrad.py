@@ -57,7 +57,7 @@ class OutputGradProbe(Probe):
         host = self.host
         lo = self.lo.start + slot
         hi = self.hi.start + slot
-        host.reduce_into(grad, lo, hi)
+        host.reduce_into(grad, lo, hi, probe="outgrad")
         order = host.meta.bwd_order
         previous = order[-1] if order else None
         order.append(slot)

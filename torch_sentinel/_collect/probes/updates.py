@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ..probe import Probe, ProbeHost
+from ..tensors import reduces
 from .norms import NormsProbe
 
 __all__ = ["KEEP_UPDATE_COPY_BYTES", "UpdateProbe"]
@@ -34,10 +35,15 @@ class UpdateProbe(Probe):
         self.block = host.ledger.add_block("update_norm", [n for n, _ in host.params])
         self.copy_bytes = sum(p.numel() * p.element_size() for p in host.param_tensors)
 
+    def _watched(self) -> list[torch.Tensor]:
+        """The parameters whose updates can be measured: a dtype torch cannot subtract or
+        norm (float8) is left out here; the norms probe says so once."""
+        return [p.detach() for p in self.host.param_tensors if reduces(p.dtype, p.device)]
+
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         every = self.update_every
         if every and self.host.step % every == 0 and id(optimizer) not in self.stepped:
-            tensors = [p.detach() for p in self.host.param_tensors]
+            tensors = self._watched()
             self._shadow = self._copy_of(tensors) if tensors else None
 
     def on_post_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -45,8 +51,10 @@ class UpdateProbe(Probe):
             return
         host = self.host
         with torch.no_grad():
-            torch._foreach_sub_(self._shadow, [p.detach() for p in host.param_tensors])
-            self.norms.copy_norms(self.block.start, list(self._shadow), self.norms.sharded)
+            torch._foreach_sub_(self._shadow, self._watched())
+            deltas = iter(self._shadow)
+            full = [next(deltas) if reduces(p.dtype, p.device) else None for p in host.param_tensors]
+            self.norms.copy_norms(self.block.start, full, self.norms.sharded)
         # DTensor has no _foreach_copy_: sharded models copy afresh.
         keep = self.copy_bytes <= KEEP_UPDATE_COPY_BYTES and not self.norms.sharded
         self._kept_shadow = self._shadow if keep else None
