@@ -116,6 +116,7 @@ class Collector:
         self.amp = AmpProbe()
         self.add_probe(self.amp)
         self.add_probe(StepProbe())
+        self._post_order = _post_order(self.module_names)
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(self.module_names))]
         self._grad_prehooks = [functools.partial(self._on_node_grads, i, 0) for i in range(len(self.module_names))]
         self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows, dtype=self.ledger.dtype)
@@ -228,9 +229,15 @@ class Collector:
         torch.maximum(views[hi], mx, out=views[hi])
 
     def forward_order(self) -> list[int]:
-        """Module slots in the order they first completed a forward pass."""
+        """Module slots in the order they first completed a forward pass.
+
+        Modules never seen completing (all of them under torch.compile, where the order is not
+        host bookkeeping) follow in post-order of the module tree, children before their
+        parent, as forward hooks complete: a non-finite slot is then charged to the innermost
+        module that produced it, never to a container that only passed it on.
+        """
         seen = sorted(self._forward_seq, key=self._forward_seq.__getitem__)
-        rest = [i for i in range(len(self.module_names)) if i not in self._forward_seq]
+        rest = [i for i in self._post_order if i not in self._forward_seq]
         return seen + rest
 
     # ------------------------------------------------------------------ forward events
@@ -417,6 +424,18 @@ class Collector:
             self.on_record(StepRecord(meta, values, self.ledger.blocks))
         if outgrown and self.ring.pending() == 0:
             self.ring = HostRing(self.device, self.ledger.current.numel(), rows=self.ring.rows, dtype=self.ledger.dtype)
+
+
+def _post_order(names: list[str]) -> list[int]:
+    """Indices of ``names`` (qualified module names in ``named_modules`` pre-order) in post-order."""
+    out: list[int] = []
+    open_: list[int] = []
+    for i, name in enumerate(names):
+        while open_ and not (names[open_[-1]] == "" or name.startswith(names[open_[-1]] + ".")):
+            out.append(open_.pop())
+        open_.append(i)
+    out.extend(reversed(open_))
+    return out
 
 
 def _unhandled(fault: Fault) -> None:

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from .probe import Probe, ProbeHost
+from .records import StepMeta
 from .transfer import AsyncFetch
 
 __all__ = ["InputStats"]
@@ -38,7 +39,7 @@ class InputStats(Probe):
 
     def on_data(self, t: torch.Tensor, main: bool, name: Optional[str], compiling: bool) -> None:
         c = self.host
-        if not main or compiling or not (c.step < self.first or c.step % self.every == 0):
+        if not main or not (compiling or c.step < self.first or c.step % self.every == 0):
             return
         views = c.ledger.views
         t = t.detach()
@@ -47,6 +48,10 @@ class InputStats(Probe):
             std, mean = torch.std_mean(x) if x.numel() > 1 else (torch.zeros((), device=x.device), x.reshape(()))
             views[self._slots[0]].copy_(mean)
             views[self._slots[1]].copy_(std)
+            if compiling:
+                # Traced into the graph and run every step (no host step counter in compiled
+                # code); on_row_close marks the rows. The constant-feature mask is not kept.
+                return
             c.meta.extra["input_stats"] = True
             if x.ndim == 2 and 2 <= x.shape[1] <= _MAX_FEATURES and x.shape[0] > 1:
                 if self.varied is None or self.varied.shape[0] != x.shape[1]:
@@ -57,6 +62,10 @@ class InputStats(Probe):
                 if self._masked_step != c.step:
                     self._masked_step = c.step
                     self.mask_steps += 1
+
+    def on_row_close(self, meta: StepMeta) -> None:
+        if self.host.traced:
+            meta.extra["input_stats"] = True
 
     def snapshot(self, min_steps: int) -> Optional[tuple[int, AsyncFetch]]:
         """A non-blocking copy of the constant-feature mask once ``min_steps`` sampled steps

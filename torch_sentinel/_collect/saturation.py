@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .probe import Probe, ProbeHost
+from .records import StepMeta
 
 __all__ = ["SaturationWatch"]
 
@@ -50,8 +51,8 @@ class SaturationWatch(Probe):
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         c = self.host
-        if compiling or not (c.step < self.first or c.step % self.every == 0):
-            return
+        if not (compiling or c.step < self.first or c.step % self.every == 0):
+            return  # traced, it runs every step inside the compiled graph (fused there)
         with torch.no_grad():
             d = t.detach()
             if isinstance(module, nn.Sigmoid):
@@ -59,4 +60,9 @@ class SaturationWatch(Probe):
             else:
                 saturated = d.abs() > _TANH_EDGE
             c.ledger.views[self._slot[id(module)]].copy_(saturated.float().mean())
-        c.meta.extra["saturation"] = True
+        if not compiling:
+            c.meta.extra["saturation"] = True
+
+    def on_row_close(self, meta: StepMeta) -> None:
+        if self.host.traced and self.sites:
+            meta.extra["saturation"] = True

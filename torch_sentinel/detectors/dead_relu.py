@@ -40,6 +40,7 @@ class DeadReluDetector(Detector):
         self._pending: Optional[tuple[list[ReluSite], list[int], AsyncFetch, int]] = None
         self._last_step = 0
         self._latest: dict[str, float] = {}
+        self._said_blind = False
 
     def probes(self) -> Sequence[Probe]:
         return (self.watch,)
@@ -47,13 +48,29 @@ class DeadReluDetector(Detector):
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if records:
             self._last_step = records[-1].step
-        found = self._consume(block=False)
+        found = self._blind_under_compile(records)
+        found += self._consume(block=False)
         if self._pending is None:
             snap = self.watch.snapshot(self.min_steps)
             if snap is not None:
                 self._pending = (*snap, self._last_step)
                 found += self._consume(block=False)  # on CPU the copy has already landed
         return found
+
+    def _blind_under_compile(self, records: Sequence[StepRecord]) -> list[Finding]:
+        host = self.watch.host
+        if self._said_blind or host is None or not host.traced or self.watch.sites or not records:
+            return []
+        self._said_blind = True
+        return [self.finding(
+            "dead_relu is not watched under torch.compile: ReLU calls inside compiled code are not "
+            "seen (their per-unit liveness masks would have to be created inside the compiled graph). "
+            "Every other check runs; to check for dead units, run a few steps without torch.compile",
+            step=records[0].step, severity="info",
+            evidence={"not_watched": "dead_relu", "reason": "torch.compile", "relu_modules":
+                      [n for n, t in self.ctx.module_types.items() if t == "ReLU"][:8]},
+            next_check="run_a_few_steps_eagerly",
+        )]
 
     def finish(self) -> Iterable[Finding]:
         found = self._consume(block=True)

@@ -67,6 +67,10 @@ class EvalModeTrainingDetector(Detector, Probe):
         if c is None or _is_compiling() or not self._checked(c.step):
             self._last = ()
             return
+        self._last = self._off()
+
+    def _off(self) -> tuple[str, ...]:
+        """Mode-dependent modules in eval mode now (host facts: ``training`` flags)."""
         off = []
         for name, mref, pref in self._candidates:
             m, parent = mref(), pref()
@@ -81,12 +85,16 @@ class EvalModeTrainingDetector(Detector, Probe):
         root = self._root() if self._root is not None else None
         if off and root is not None and not root.training:
             off.insert(0, "<root-eval>")  # the whole model was in eval mode at this forward
-        self._last = tuple(off)
+        return tuple(off)
 
     def on_backward(self, loss: torch.Tensor) -> None:
         c = self._host
         if c is None:
             return
+        if c.traced and self._checked(c.step):
+            # Under torch.compile the forward hooks run only while tracing; backward() is
+            # called from eager code, where the modes of this step's forward still hold.
+            self._last = self._off()
         if self._last and self._checked(c.step) and len(self._hits) < 16 and (not self._hits or self._hits[-1][0] != c.step):
             self._hits.append((c.step, self._last))
         self._last = ()
