@@ -366,3 +366,24 @@ def test_cnn_and_transformer_models_are_quiet_in_both_modes(check_mode: str) -> 
         with torch_sentinel.attach(model, opt, check=check_mode) as s:
             train(model, opt, kind, 4)
         assert s.report().ok, str(s.report())
+
+
+def test_lr_sentence_never_calls_a_zero_update_ratio_sane(check_mode: str) -> None:
+    """Regression: a ratio of 0 (lr 0) is outside the update_ratio band; the message said the
+    learning rate "looks sane"."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    steps = {"n": 0}
+
+    def poison(module: nn.Module, args: object, out: torch.Tensor) -> torch.Tensor:
+        steps["n"] += 1
+        return out * math.nan if steps["n"] == 3 else out
+
+    model.fc2.register_forward_hook(poison)
+    err, _ = _run(model, opt, "mlp", 4, check_mode, update_every=1)
+    assert err is not None and (err.step, err.boundary) == (2, "forward")
+    assert err.evidence["update_ratio_before"]["max_ratio"] == 0.0
+    with pytest.raises(NonFiniteError, match=r"update/weight ratio at step 1 was 0 .*below the healthy band"):
+        raise err
+    assert "looks sane" not in str(err)

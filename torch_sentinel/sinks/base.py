@@ -29,6 +29,9 @@ class SinkContext:
     manifest: dict[str, Any] = dataclasses.field(default_factory=dict)
     module_names: list[str] = dataclasses.field(default_factory=list)
     param_owner: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Steps between writes of per-module scalars; None: chosen from the model's size
+    #: (see :mod:`torch_sentinel.sinks.schedule`).
+    module_log_every: Optional[int] = None
     #: Set once a write under log_dir failed and the user was warned.
     log_dir_failed: bool = False
     _lock: threading.Lock = dataclasses.field(

@@ -21,6 +21,7 @@ from .._collect.records import StepRecord
 from .._findings import Finding
 from ..diagnosis.ladder import HYPOTHESES, next_check_for
 from .base import SinkContext
+from .schedule import ModuleSchedule, module_tag_bytes
 
 __all__ = ["LAYOUT", "ROOT_TAG", "StepScalars", "TensorBoardSink"]
 
@@ -93,10 +94,25 @@ class StepScalars:
         self._module_tags = [module_tag(m) for m in self._modules]
 
     def scalars(
-        self, record: StepRecord, module_names: Sequence[str], amp_skipped: Optional[int] = None
+        self,
+        record: StepRecord,
+        module_names: Sequence[str],
+        amp_skipped: Optional[int] = None,
+        *,
+        global_tags: bool = True,
+        module_tags: bool = True,
     ) -> Iterator[tuple[str, float]]:
         """``amp_skipped`` is the count of steps the GradScaler skipped so far, None before any
-        AMP step (the AMP tags then stay absent)."""
+        AMP step (the AMP tags then stay absent). ``global_tags`` / ``module_tags`` select the
+        whole-model tags and the per-module ones (``<kind>/<module>``)."""
+        if global_tags:
+            yield from self._global_scalars(record, amp_skipped)
+        if record.has("grad_norm"):
+            yield from self._param_scalars(record, global_tags, module_tags)
+        if module_tags:
+            yield from self._module_activations(record, module_names)
+
+    def _global_scalars(self, record: StepRecord, amp_skipped: Optional[int]) -> Iterator[tuple[str, float]]:
         meta = record.meta
         loss = record.loss
         if loss is not None:
@@ -104,15 +120,6 @@ class StepScalars:
         for name, lr in zip(meta.lr_names, meta.lrs):
             if lr is not None:
                 yield f"lr/{name}", lr
-        if record.has("grad_norm"):
-            yield from self._param_scalars(record)
-        if record.has("act.min"):
-            lo, hi = record.array("act.min"), record.array("act.max")
-            absmax = np.maximum(np.abs(lo), np.abs(hi))
-            # A module that did not run this step keeps its slots at (+max, -max): lo > hi.
-            for i in np.flatnonzero(~(lo > hi)).tolist():
-                if i < len(module_names):
-                    yield f"activation_absmax/{module_tag(module_names[i])}", float(absmax[i])
         for boundary, blocks in _NONFINITE_BLOCKS.items():
             bad = sum(int((~np.isfinite(record.array(b))).sum()) for b in blocks if record.has(b))
             yield f"nonfinite/{boundary}", float(bad)
@@ -123,7 +130,18 @@ class StepScalars:
                 if scale > 0:
                     yield "amp/loss_scale", scale
 
-    def _param_scalars(self, record: StepRecord) -> Iterator[tuple[str, float]]:
+    def _module_activations(self, record: StepRecord, module_names: Sequence[str]) -> Iterator[tuple[str, float]]:
+        if record.has("act.min"):
+            lo, hi = record.array("act.min"), record.array("act.max")
+            absmax = np.maximum(np.abs(lo), np.abs(hi))
+            # A module that did not run this step keeps its slots at (+max, -max): lo > hi.
+            for i in np.flatnonzero(~(lo > hi)).tolist():
+                if i < len(module_names):
+                    yield f"activation_absmax/{module_tag(module_names[i])}", float(absmax[i])
+
+    def _param_scalars(
+        self, record: StepRecord, global_tags: bool, module_tags: bool
+    ) -> Iterator[tuple[str, float]]:
         keys = record.keys("grad_norm")
         if self._keys is not keys and self._keys != keys:
             self._layout(keys)
@@ -137,18 +155,21 @@ class StepScalars:
             g = record.array("grad_norm").astype(np.float64)
             sq = np.bincount(self._owner_idx[present], weights=g[present] ** 2, minlength=n_modules)
             has = np.bincount(self._owner_idx[present], minlength=n_modules) > 0
-            yield "grad_norm/global", math.sqrt(float(sq.sum()))
-            for i in np.flatnonzero(has).tolist():
-                yield f"grad_norm/{self._module_tags[i]}", math.sqrt(float(sq[i]))
+            if global_tags:
+                yield "grad_norm/global", math.sqrt(float(sq.sum()))
+            if module_tags:
+                for i in np.flatnonzero(has).tolist():
+                    yield f"grad_norm/{self._module_tags[i]}", math.sqrt(float(sq[i]))
         if record.meta.updates_sampled and record.has("update_norm"):
             u = record.array("update_norm").astype(np.float64)
             w = record.array("param_norm").astype(np.float64)
             usq = np.bincount(self._owner_idx, weights=u**2, minlength=n_modules)
             wsq = np.bincount(self._owner_idx, weights=w**2, minlength=n_modules)
-            if wsq.sum() > 0:
+            if global_tags and wsq.sum() > 0:
                 yield "update_ratio/global", math.sqrt(float(usq.sum()) / float(wsq.sum()))
-            for i in np.flatnonzero(wsq > 0).tolist():
-                yield f"update_ratio/{self._module_tags[i]}", math.sqrt(float(usq[i] / wsq[i]))
+            if module_tags:
+                for i in np.flatnonzero(wsq > 0).tolist():
+                    yield f"update_ratio/{self._module_tags[i]}", math.sqrt(float(usq[i] / wsq[i]))
 
 
 def finding_markdown(findings: Sequence[Finding]) -> str:
@@ -192,11 +213,14 @@ def flat_hparams(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Row(NamedTuple):
-    """A record to write: ``full`` for every tag, else only its validation loss."""
+    """A record to write: ``full`` for the whole-model tags, ``modules`` for the per-module
+    ones; neither: only its validation loss. A row with ``modules`` alone is a step whose
+    per-module detail is written after its other tags (around a fault)."""
 
     record: StepRecord
     full: bool
     amp_skipped: Optional[int]
+    modules: bool = True
 
 
 class TensorBoardSink:
@@ -204,7 +228,8 @@ class TensorBoardSink:
 
     Steps with ``step % log_every == 0`` are written, plus the last step seen, so a run's end
     always shows; validation losses are written at every step that has one, since they are
-    sparse already. Writing happens on a daemon thread; :meth:`close` drains it.
+    sparse already. Per-module tags are written every ``module_log_every`` steps, and in full
+    around a fault (see :mod:`torch_sentinel.sinks.schedule`). Writing happens on a daemon thread; :meth:`close` drains it.
     """
 
     def __init__(self, ctx: SinkContext, *, max_pending: int = 256) -> None:
@@ -213,6 +238,7 @@ class TensorBoardSink:
         assert ctx.log_dir is not None
         self.ctx = ctx
         self._scalars = StepScalars(ctx.param_owner)
+        self._modules = ModuleSchedule(ctx.module_log_every, ctx.log_every)
         self._last: Optional[_Row] = None
         self._last_logged = -1
         self._amp_skipped: Optional[int] = None
@@ -241,15 +267,28 @@ class TensorBoardSink:
         for r in records:
             self._count_amp(r)
             if r.step % self.ctx.log_every == 0:
-                rows.append(_Row(r, True, self._amp_skipped))
+                if not self._modules.decided:
+                    self._modules.choose(module_tag_bytes(self._module_tags(r)))
+                rows.append(_Row(r, True, self._amp_skipped, self._modules.full(r)))
                 self._last_logged = r.step
             elif r.validation is not None:
-                rows.append(_Row(r, False, None))
+                rows.append(_Row(r, False, None, False))
+        # Around a fault the per-module detail is complete: the steps held back since the last
+        # full step get their per-module scalars now (never earlier than a written step's).
+        rows.extend(_Row(r, False, None, True) for r in self._modules.backfill(findings))
         if records:
             self._last = _Row(records[-1], True, self._amp_skipped)
         if rows or findings or self._manifest_pending():
             last_step = self._last.record.step if self._last else 0
             self._put(("window", (rows, list(findings), last_step, self._manifest())))
+
+    @property
+    def module_log_every(self) -> Optional[int]:
+        """Steps between writes of the per-module scalars (None until the first step)."""
+        return self._modules.interval
+
+    def _module_tags(self, record: StepRecord) -> list[str]:
+        return [t for t, _ in self._scalars.scalars(record, self.ctx.module_names, global_tags=False)]
 
     def write_stats(self, step: int, stats: dict[str, float]) -> None:
         if not self._failed:
@@ -261,6 +300,9 @@ class TensorBoardSink:
         last = self._last
         if not self._failed and last is not None and last.record.step > self._last_logged:
             self._put(("window", ([last], [], last.record.step, self._manifest())))
+        elif not self._failed and last is not None and self._modules.last_full < last.record.step:
+            # The last step shows in the per-module charts too.
+            self._put(("window", ([last._replace(full=False)], [], last.record.step, self._manifest())))
         self._put(None, block=True)
         self._thread.join(timeout=60.0)
         if self._thread.is_alive():
@@ -334,11 +376,13 @@ class TensorBoardSink:
         names = self.ctx.module_names
         for row in rows:
             record, step = row.record, row.record.step
-            if row.full:
-                for tag, value in self._scalars.scalars(record, names, row.amp_skipped):
+            if row.full or row.modules:
+                for tag, value in self._scalars.scalars(
+                    record, names, row.amp_skipped, global_tags=row.full, module_tags=row.modules
+                ):
                     w.add_scalar(tag, value, step)
             validation = record.validation
-            if validation is not None:
+            if validation is not None and (row.full or not row.modules):
                 w.add_scalar("loss/validation", validation, step)
         by_tag: dict[tuple[str, int], list[Finding]] = {}
         for f in findings:
