@@ -20,12 +20,14 @@ from torch import nn
 
 from ._collect.collector import Collector, Fault
 from ._collect.model_map import unwrap_model
+from ._collect.probes.clip import ClipProbe
 from ._collect.records import StepRecord
 from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
 from ._errors import NonFiniteError, SentinelError, format_message
 from ._findings import Finding
 from ._options import Options, resolve_check_mode
+from ._unwrap import unwrap_optimizer
 from .detectors import RunContext, default_detectors
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
@@ -46,9 +48,9 @@ def _as_optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
     if optimizer is None:
         return []
     if isinstance(optimizer, torch.optim.Optimizer):
-        return [optimizer]
+        return [unwrap_optimizer(optimizer)]
     if isinstance(optimizer, (list, tuple)) and all(isinstance(o, torch.optim.Optimizer) for o in optimizer):
-        return list(optimizer)
+        return [unwrap_optimizer(o) for o in optimizer]
     got = type(optimizer).__name__
     if isinstance(optimizer, (list, tuple)):
         got = "a sequence containing " + ", ".join(sorted({type(o).__name__ for o in optimizer}))
@@ -90,6 +92,7 @@ class Sentinel:
             collector.update_every = 10
         self._collector = collector
         self._collector.on_fault = self._on_immediate_fault
+        collector.number_steps(options.start_step, options.step_source)
         c = self._collector
         held = {id(q) for o in optimizers for g in o.param_groups for q in g["params"]}
         self.context = RunContext(
@@ -109,6 +112,8 @@ class Sentinel:
         for d in self._detectors:
             for probe in d.probes():
                 c.add_probe(probe)
+        # After the core width: norms before clipping, from the loop's own clip calls.
+        c.add_probe(ClipProbe())
         # Under torch.distributed, ranks agree on non-finite faults before anyone raises.
         self._ranks = RankSync.maybe(
             options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
@@ -125,6 +130,7 @@ class Sentinel:
             manifest=self.manifest,
             module_names=c.module_names,
             param_owner=self.context.param_owner,
+            module_log_every=options.module_log_every,
         )
         # Fills the manifest before the sinks read it; writes manifest.json; incident bundles.
         self._run_record = RunRecord(self, sink_context)
@@ -171,6 +177,15 @@ class Sentinel:
             write_note = getattr(sink, "write_note", None)
             if write_note is not None:
                 self._safe(write_note, entry)
+
+    def add_sink(self, sink: Any) -> None:
+        """Also send each flushed window of step records, and each new finding, to ``sink``.
+
+        Args:
+            sink: an object with ``write(records, findings)`` and ``close()`` (called at
+                detach), like the built-in sinks; see :class:`torch_sentinel.sinks.Sink`.
+        """
+        self._sinks.append(sink)
 
     def flush(self) -> None:
         """Bring every pending row to the host and run the detectors (cold path: may sync)."""

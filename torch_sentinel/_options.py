@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 __all__ = ["CHECK_MODES", "NONFINITE_POLICIES", "Options", "resolve_check_mode"]
 
@@ -58,6 +58,16 @@ class Options:
     #: When torch.compile silently skipped the hooks: "reset" drops dynamo's compiled code once
     #: (logged) so it recompiles with them; "raise" raises InstrumentationError instead.
     blind_hooks: str = "reset"
+    #: The number of the first step watched: a resumed run continues its step numbering
+    #: (TensorBoard, findings, incidents) from here instead of restarting at 0.
+    start_step: int = 0
+    #: Steps between writes of the per-module TensorBoard scalars (global ones follow
+    #: ``log_every``). None: chosen from the model's size so that they stay under ~2 KB of
+    #: events per step (every 10 steps for a 125-module transformer); see ``sinks/schedule.py``.
+    module_log_every: Optional[int] = None
+    #: Number steps as a training framework does: called when a step's row closes, it returns
+    #: the number of the next step (the Lightning callback passes ``global_step + 1``).
+    step_source: Optional[Callable[[], int]] = None
 
     @classmethod
     def build(cls, **kwargs: Any) -> Options:
@@ -88,6 +98,12 @@ class Options:
         self.blind_hooks = _choice("blind_hooks", self.blind_hooks, ("reset", "raise"))
         self.flush_every = _positive_int("flush_every", self.flush_every)
         self.log_every = _positive_int("log_every", self.log_every)
+        if self.module_log_every is not None:
+            self.module_log_every = _positive_int("module_log_every", self.module_log_every)
+        if isinstance(self.start_step, bool) or not isinstance(self.start_step, int) or self.start_step < 0:
+            raise ValueError(f"start_step must be an int >= 0, got {self.start_step!r}")
+        if self.step_source is not None and not callable(self.step_source):
+            raise TypeError(f"step_source must be a callable returning an int, got {type(self.step_source).__name__}")
         if self.update_every is not None and (
             isinstance(self.update_every, bool) or not isinstance(self.update_every, int) or self.update_every < 0
         ):

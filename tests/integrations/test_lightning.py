@@ -1,7 +1,8 @@
-"""A real Lightning Trainer fit on CPU with SentinelCallback: quiet when healthy, NaN surfaces."""
+"""A real Lightning Trainer fit on CPU with SentinelCallback: its steps, its loggers, its clipping."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any, Optional
 
@@ -11,16 +12,19 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 pl = pytest.importorskip("lightning.pytorch")
+from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+from lightning.pytorch.utilities import grad_norm  # noqa: E402
 
 import torch_sentinel  # noqa: E402
 from torch_sentinel.integrations.lightning import SentinelCallback  # noqa: E402
 
 
 class Regressor(pl.LightningModule):
-    def __init__(self, nan_at: Optional[int] = None) -> None:
+    def __init__(self, nan_at: Optional[int] = None, scale: float = 1.0) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
         self.nan_at = nan_at
+        self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -30,16 +34,64 @@ class Regressor(pl.LightningModule):
         if self.global_step == self.nan_at:
             x = x.clone()
             x[0, 0] = float("nan")
-        loss = nn.functional.mse_loss(self(x), y)  # through __call__: the batch is seen as data
+        loss = nn.functional.mse_loss(self(x) * self.scale, y)
         self.log("train_loss", loss)
         return loss
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        # Lightning's own gradient-norm utility, before Lightning clips.
+        self.log_dict(grad_norm(self, norm_type=2))
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
         self.log("val_loss", nn.functional.mse_loss(self(x), y))
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.05)
+        return torch.optim.SGD(self.parameters(), lr=0.001 if self.scale > 1 else 0.05)
+
+
+class GAN(pl.LightningModule):
+    """Lightning's GAN template in miniature: manual optimization, two optimizers, no forward()."""
+
+    def __init__(self, nan_at: Optional[int] = None) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 6), nn.Tanh())
+        self.discriminator = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+        self.nan_at = nan_at
+
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        imgs, _ = batch
+        if batch_idx == self.nan_at:
+            imgs = imgs.clone()
+            imgs[0, 0] = float("nan")
+        opt_g, opt_d = self.optimizers()
+        z = torch.randn(imgs.shape[0], 4)
+        bce = nn.functional.binary_cross_entropy_with_logits
+        ones, zeros = torch.ones(imgs.shape[0], 1), torch.zeros(imgs.shape[0], 1)
+        g_loss = bce(self.discriminator(self.generator(z)), ones)
+        opt_g.zero_grad()
+        self.manual_backward(g_loss)
+        self.clip_gradients(opt_g, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        opt_g.step()
+        real = bce(self.discriminator(imgs), ones)  # the batch enters a submodule from user code
+        fake = bce(self.discriminator(self.generator(z).detach()), zeros)
+        opt_d.zero_grad()
+        self.manual_backward((real + fake) / 2)
+        self.clip_gradients(opt_d, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        opt_d.step()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [torch.optim.Adam(self.generator.parameters(), lr=2e-4),
+                torch.optim.Adam(self.discriminator.parameters(), lr=2e-4)]
+
+
+class HeadSwap(Regressor):
+    """Fine-tuning pattern: the head is replaced in on_train_start, and handed to the optimizer."""
+
+    def on_train_start(self) -> None:
+        self.net[2] = nn.Linear(16, 1)
+        self.trainer.optimizers[0].param_groups[0]["params"] = list(self.parameters())
 
 
 def _loader() -> DataLoader:
@@ -48,14 +100,23 @@ def _loader() -> DataLoader:
     return DataLoader(TensorDataset(x, x[:, :1] * 2), batch_size=8)
 
 
-def _fit(tmp_path: Path, module: Regressor, callback: SentinelCallback) -> Any:
+def _fit(tmp_path: Path, module: Any, callback: SentinelCallback, val: bool = True, **kwargs: Any) -> Any:
+    settings: dict[str, Any] = {"max_epochs": 2, **kwargs}
     trainer = pl.Trainer(
-        default_root_dir=str(tmp_path), max_epochs=2, accelerator="cpu", devices=1,
+        default_root_dir=str(tmp_path), accelerator="cpu", devices=1,
         callbacks=[callback], enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1,
+        enable_checkpointing=False, num_sanity_val_steps=0, log_every_n_steps=1, **settings,
     )
-    trainer.fit(module, _loader(), _loader())
+    trainer.fit(module, _loader(), _loader() if val else None)
     return trainer
+
+
+def _csv(trainer: Any) -> dict[int, dict[str, float]]:
+    rows: dict[int, dict[str, float]] = {}
+    with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            rows.setdefault(int(row["step"]), {}).update({k: float(v) for k, v in row.items() if v and k != "step"})
+    return rows
 
 
 def test_healthy_fit_is_quiet_and_streams_into_the_tensorboard_dir(tmp_path: Path) -> None:
@@ -76,18 +137,40 @@ def test_healthy_fit_is_quiet_and_streams_into_the_tensorboard_dir(tmp_path: Pat
         acc = EventAccumulator(str(f))
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
-    assert "train_loss" in tags
-    assert any(t != "train_loss" and t not in ("val_loss", "epoch") for t in tags), tags
+    assert {"train_loss", "sentinel/grad_norm", "grad_norm/net.0"} <= tags
 
 
-def test_gradient_norms_recorded_inside_the_closure(tmp_path: Path) -> None:
-    """Lightning runs forward and backward inside optimizer.step(closure)."""
-    callback = SentinelCallback(flush_every=1000)
-    _fit(tmp_path, Regressor(), callback)
-    assert callback.sentinel is not None
-    rec = [r for r in callback.sentinel._recent if r.meta.backward_calls][-1]  # the last training step
-    assert rec.meta.grad_missing == ()
-    assert (rec.array("grad_norm") > 0).all()
+def test_clipped_fit_logs_preclip_norms_through_the_csv_logger(tmp_path: Path) -> None:
+    callback = SentinelCallback(flush_every=3)
+    trainer = _fit(tmp_path, Regressor(scale=30.0), callback, val=False, gradient_clip_val=0.5,
+                   logger=CSVLogger(str(tmp_path)))
+    rows = _csv(trainer)
+    steps = [s for s in rows if "sentinel/grad_norm" in rows[s]]
+    assert steps == list(range(16))  # Lightning's global_step, every step (log_every_n_steps=1)
+    for s in steps:
+        # Lightning's own grad_norm utility saw the gradients before it clipped them.
+        assert rows[s]["sentinel/grad_norm"] == pytest.approx(rows[s]["grad_2.0_norm_total"], rel=1e-5)
+        assert rows[s]["sentinel/grad_norm"] > 10
+        assert rows[s]["sentinel/grad_norm_clipped"] == pytest.approx(0.5, rel=1e-4)
+        assert rows[s]["sentinel/nonfinite"] == 0.0
+    assert rows[0]["sentinel/findings"] == 0.0
+
+
+def test_manual_optimization_with_two_optimizers_counts_in_global_step(tmp_path: Path) -> None:
+    callback = SentinelCallback(flush_every=4)
+    trainer = _fit(tmp_path, GAN(), callback, val=False, max_epochs=1, logger=CSVLogger(str(tmp_path)))
+    assert trainer.global_step == 16  # 8 batches, two optimizer steps each
+    assert callback.sentinel is not None and callback.sentinel.step == 16
+    logged = [s for s, row in _csv(trainer).items() if "sentinel/loss" in row]
+    assert logged == list(range(0, 16, 2))
+
+
+def test_nan_batch_into_a_submodule_is_a_data_fault_at_the_global_step(tmp_path: Path) -> None:
+    callback = SentinelCallback()
+    with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 6, boundary 'data'") as info:
+        _fit(tmp_path, GAN(nan_at=3), callback, val=False, max_epochs=1)
+    assert info.value.step == 6 and info.value.module is None
+    assert callback.sentinel is not None and not callback.sentinel.attached
 
 
 def test_nan_surfaces_as_nonfinite_error_from_fit(tmp_path: Path) -> None:
@@ -96,3 +179,12 @@ def test_nan_surfaces_as_nonfinite_error_from_fit(tmp_path: Path) -> None:
         _fit(tmp_path, Regressor(nan_at=5), callback)
     assert info.value.step == 5
     assert callback.sentinel is not None and not callback.sentinel.attached
+
+
+def test_head_replaced_in_on_train_start_is_mapped(tmp_path: Path) -> None:
+    """Regression: attaching at on_fit_start mapped the old head; the new one was '<unknown>'."""
+    callback = SentinelCallback(flush_every=4)
+    _fit(tmp_path, HeadSwap(), callback, val=False)
+    assert callback.sentinel is not None
+    report = callback.sentinel.report(all_ranks=False)
+    assert report.ok, str(report)

@@ -1,4 +1,4 @@
-"""A real Hugging Face Trainer on a tiny model built from a config (no download)."""
+"""A real Hugging Face Trainer on a tiny model built from a config (no download), clipping on."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _trainer(tmp_path: Path, nan_at: Optional[int] = None) -> Any:
+def _trainer(tmp_path: Path, nan_at: Optional[int] = None, **args: Any) -> Any:
     config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
@@ -43,35 +43,51 @@ def _trainer(tmp_path: Path, nan_at: Optional[int] = None) -> Any:
             return output
 
         model.transformer.h[0].mlp.c_fc.register_forward_hook(poison)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=6,
-        learning_rate=1e-3, report_to=["tensorboard"], logging_steps=1, save_strategy="no",
-        use_cpu=True, disable_tqdm=True, dataloader_num_workers=0,
-    )
-    return transformers.Trainer(model=model, args=args, train_dataset=Tokens())
+    settings: dict[str, Any] = {
+        "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4, "max_steps": 6,
+        "learning_rate": 1e-3, "report_to": ["tensorboard"], "logging_steps": 1, "save_strategy": "no",
+        "use_cpu": True, "disable_tqdm": True, "dataloader_num_workers": 0, **args,
+    }
+    # Clipping on, as by default (max_grad_norm=1.0); the healthy test clips at 0.25, below
+    # this model's norms (~0.8), so that every step really clips.
+    return transformers.Trainer(model=model, args=transformers.TrainingArguments(**settings), train_dataset=Tokens())
 
 
-def test_healthy_training_is_quiet_and_writes_next_to_the_trainer(tmp_path: Path) -> None:
-    trainer = _trainer(tmp_path)
+def test_healthy_training_logs_preclip_norms_through_the_trainer(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, gradient_accumulation_steps=2, max_grad_norm=0.25, max_steps=4)
     callback = SentinelTrainerCallback.install(trainer, flush_every=2)
     trainer.train()
     sentinel = callback.sentinel
     assert sentinel is not None and not sentinel.attached
     report = sentinel.report(all_ranks=False)
     assert report.ok, str(report)
-    assert report.steps == 6
+    history = trainer.state.log_history
+    hf = {h["step"]: h for h in history if "grad_norm" in h}
+    ours = {h["step"]: h for h in history if "sentinel/grad_norm" in h}
+    assert sorted(hf) == sorted(ours) == [1, 2, 3, 4]  # the Trainer's numbering
+    for step in hf:
+        assert hf[step]["grad_norm"] > 0.25  # the Trainer clipped
+        assert ours[step]["sentinel/grad_norm"] == pytest.approx(hf[step]["grad_norm"], rel=1e-4)
+        assert ours[step]["sentinel/grad_norm_clipped"] == pytest.approx(0.25, rel=1e-4)
+        # The mean of the two micro-batch losses, as the Trainer logs it.
+        assert ours[step]["sentinel/loss"] == pytest.approx(hf[step]["loss"], rel=1e-4)
+    # report_to receives them: the Trainer's own TensorBoard run has them.
     tb_callbacks = [cb for cb in trainer.callback_handler.callbacks if type(cb).__name__ == "TensorBoardCallback"]
     tb_dir = Path(tb_callbacks[0].logging_dir)
-    assert len(list(tb_dir.glob("events.out.tfevents.*"))) >= 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for f in tb_dir.glob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"train/sentinel/grad_norm", "grad_norm/global", "grad_norm/transformer.h.0.mlp.c_fc"} <= tags
 
 
-def test_nan_surfaces_as_nonfinite_error_from_train(tmp_path: Path) -> None:
+def test_nan_surfaces_at_the_trainers_step_and_detaches_by_itself(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, nan_at=3)
     callback = SentinelTrainerCallback.install(trainer)
-    try:
-        with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 3, boundary 'forward'") as info:
-            trainer.train()
-    finally:
-        callback.close_after_error()
+    with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 4, boundary 'forward'") as info:
+        trainer.train()
     assert info.value.module == "transformer.h.0.mlp.c_fc"
-    assert callback.sentinel is not None and not callback.sentinel.attached
+    assert callback.sentinel is not None and not callback.sentinel.attached  # no close_after_error()

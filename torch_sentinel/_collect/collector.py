@@ -76,6 +76,7 @@ class Collector:
         self.on_record = on_record
         self.hooks = HookSet()
         self.step = 0
+        self._step_source: Optional[Callable[[], int]] = None
         self.module_names = [n for n, _ in self.map.modules]
         self.params = trainable_params(self.map, optimizers)
         self.param_tensors = [p for _, p in self.params]
@@ -100,6 +101,8 @@ class Collector:
         self._last_output: Optional[torch.Tensor] = None
         self._forward_seq: dict[int, int] = {}
         self._forward_since_backward = False
+        #: Calls of the root's forward in progress (its submodules' inputs are then not data).
+        self._root_depth = 0
         #: Slot pairs already written in this step (the rest still hold their initial values).
         self._written: set[int] = set()
         # The core probes, in ledger order (the rank agreement's core width ends after misc).
@@ -177,6 +180,11 @@ class Collector:
     def install(self) -> None:
         root = self.map.root
         self.hooks.add(root.register_forward_pre_hook(self._on_root_inputs, with_kwargs=True))
+        self.hooks.add(root.register_forward_hook(self._on_root_exit, always_call=True))
+        # A container whose forward is never called (Lightning's training_step calling
+        # self.discriminator(imgs)): what enters a top-level submodule from user code is data.
+        for child in root.children():
+            self.hooks.add(child.register_forward_pre_hook(self._on_entry, with_kwargs=True))
         for i, (_, module) in enumerate(self.map.modules):
             self.hooks.add(module.register_forward_hook(functools.partial(self._on_output, i)))
         for opt in self.optimizers:
@@ -242,6 +250,7 @@ class Collector:
 
     # ------------------------------------------------------------------ forward events
     def _on_root_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._root_depth += 1
         if self.disabled or not torch.is_grad_enabled():
             return None
         compiling = _is_compiling()
@@ -249,21 +258,39 @@ class Collector:
             self.drain()
         self.meta.forward_calls += 1
         self._emit(self._subs["on_root_inputs"], args, kwargs)
+        self._emit_data(args, kwargs, compiling)
+        return None
+
+    def _on_root_exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._root_depth = max(self._root_depth - 1, 0)
+
+    def _on_entry(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A top-level submodule called from user code, outside the model's own forward: its
+        inputs are data, except a module output handed on as is (``d(g(z))``)."""
+        if self._root_depth or self.disabled or not torch.is_grad_enabled():
+            return None
+        compiling = _is_compiling()
+        if not compiling and self.ring.head > self.ring.tail:
+            self.drain()
+        self._emit_data(args, kwargs, compiling, skip=self._last_output)
+        return None
+
+    def _emit_data(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool,
+                   skip: Optional[torch.Tensor] = None) -> None:
         on_data = self._subs["on_data"]
         first = True
         for t in iter_tensors(args):
-            if reducible(t):
+            if reducible(t) and t is not skip:
                 self._emit(on_data, t, first, None, compiling)
                 first = False
         for key, value in kwargs.items():
             for t in iter_tensors(value):
-                if not reducible(t):
+                if not reducible(t) or t is skip:
                     continue
                 # A 0-d tensor is a count or a flag (the HF Trainer's num_items_in_batch), not the batch.
                 main = first and "mask" not in key and t.dim() > 0
                 self._emit(on_data, t, main, key, compiling)
                 first = first and not main
-        return None
 
     def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
         if self.disabled or not torch.is_grad_enabled():
@@ -405,13 +432,33 @@ class Collector:
             self.drain(block=True)
         self.ring.push(self.ledger.current, meta)
         self.ledger.reset()
-        self.step += 1
+        closed = self.step
+        self.step = self._next_step()
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
         self._written = set()
         self.stepped_optimizers = set()
         self.drain()
-        self._emit(self._subs["on_row_closed"], self.step - 1)
+        self._emit(self._subs["on_row_closed"], closed)
+
+    def number_steps(self, start: int, source: Optional[Callable[[], int]] = None) -> None:
+        """Number steps as the training framework does: the step in progress is ``start``;
+        ``source()``, called when a row closes (inside the last optimizer's step), gives the
+        number of the next one (e.g. Lightning's ``global_step + 1``). Numbers only increase."""
+        self.step = start
+        self.meta.step = start
+        self._step_source = source
+
+    def _next_step(self) -> int:
+        following = self.step + 1
+        source = self._step_source
+        if source is not None:
+            try:
+                framework = int(source())
+            except Exception:  # a framework's counter must never stop training
+                return following
+            return max(framework, following)
+        return following
 
     def _ring_outgrown(self) -> bool:
         return self.ledger.current.numel() > self.ring.width or self.ledger.dtype is not self.ring.dtype

@@ -25,6 +25,7 @@ from typing import Optional
 
 import numpy as np
 
+from .._collect.probes.clip import preclip_grad_norms
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ._common import trained_rows
@@ -51,7 +52,7 @@ def _layers(ctx: RunContext) -> list[tuple[str, list[str]]]:
 
 def layer_norms(rec: StepRecord, layers: list[tuple[str, list[str]]]) -> list[tuple[str, float]]:
     """Per-layer weight-gradient norms of one step, skipping layers without gradients."""
-    grads = rec.mapping("grad_norm")
+    grads = dict(zip(rec.keys("grad_norm"), preclip_grad_norms(rec).tolist()))
     missing = set(rec.meta.grad_missing) | set(rec.meta.frozen)
     out = []
     for layer, params in layers:
@@ -85,7 +86,7 @@ class _GradientScale(Detector):
             if rec.meta.amp:
                 continue  # scaled gradients: the scaler owns their magnitude
             norms = layer_norms(rec, self._layers or [])
-            total = float(np.sqrt((rec.array("grad_norm").astype(np.float64) ** 2).sum()))
+            total = float(np.sqrt((preclip_grad_norms(rec) ** 2).sum()))  # what clipping saw
             if math.isfinite(total):
                 self._total_count += 1
                 if len(self._first_totals) < self.min_steps:

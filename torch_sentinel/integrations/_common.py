@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from .._api import Sentinel
+from .._unwrap import unwrap_optimizer
+from ..sinks.framework import FrameworkSink
 
-__all__ = ["detach_quietly", "torch_optimizers"]
+__all__ = ["detach_quietly", "forward_findings", "torch_optimizers"]
 
 logger = logging.getLogger("torch_sentinel")
 
@@ -20,13 +22,7 @@ def torch_optimizers(optimizers: Iterable[Any]) -> list[torch.optim.Optimizer]:
     Lightning's ``LightningOptimizer``): the step hooks must sit on the object that steps."""
     found = []
     for opt in optimizers:
-        # AcceleratedOptimizer subclasses Optimizer without initialising it: unwrap to the
-        # innermost optimizer, whatever the wrapper's type.
-        for _ in range(4):
-            inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
-            if not isinstance(inner, torch.optim.Optimizer) or inner is opt:
-                break
-            opt = inner
+        opt = unwrap_optimizer(opt)
         if isinstance(opt, torch.optim.Optimizer):
             found.append(opt)
     return found
@@ -40,3 +36,12 @@ def detach_quietly(sentinel: Optional[Sentinel]) -> None:
         sentinel._detach(quiet=True)
     except Exception as exc:
         logger.debug("torch_sentinel: detach after an exception failed: %s", exc)
+
+
+def forward_findings(sink: FrameworkSink, warn: Callable[..., Any], step_name: str) -> None:
+    """New findings to the framework's console logger, one line each, in its step numbering."""
+    for f in sink.take_findings():
+        where = f" in {f.module or '<model>'}" if f.module is not None else ""
+        at = f" at {step_name} {f.step}" if f.step is not None else ""
+        warn("torch_sentinel: [%s] %s (%s)%s%s: %s", f.severity, f.kind, f.boundary, where, at,
+             f.message.splitlines()[0] if f.message else "")

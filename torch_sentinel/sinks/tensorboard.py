@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from .._collect.probes.clip import CLIPPED, preclip_grad_norms
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ..diagnosis.ladder import HYPOTHESES, next_check_for
@@ -37,8 +38,8 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
         "learning rate": ["Multiline", [r"lr/.*"]],
     },
     "gradients": {
-        "global gradient norm": ["Multiline", ["grad_norm/global"]],
-        "gradient norm per layer": ["Multiline", [r"grad_norm/(?!global$).*"]],
+        "global gradient norm": ["Multiline", [r"grad_norm/global(_clipped)?$"]],
+        "gradient norm per layer": ["Multiline", [r"grad_norm/(?!global$|global_clipped$).*"]],
     },
     "updates": {
         "update/weight ratio": ["Multiline", [r"update_ratio/.*"]],
@@ -152,11 +153,15 @@ class StepScalars:
             if j is not None:
                 present[j] = False
         if present.any():
-            g = record.array("grad_norm").astype(np.float64)
+            # Before clipping, as clip_grad_norm_ saw them (see _collect/probes/clip.py).
+            g = preclip_grad_norms(record)
             sq = np.bincount(self._owner_idx[present], weights=g[present] ** 2, minlength=n_modules)
             has = np.bincount(self._owner_idx[present], minlength=n_modules) > 0
             if global_tags:
                 yield "grad_norm/global", math.sqrt(float(sq.sum()))
+                if record.meta.extra.get(CLIPPED):
+                    post = record.array("grad_norm").astype(np.float64)[present]
+                    yield "grad_norm/global_clipped", math.sqrt(float((post**2).sum()))
             if module_tags:
                 for i in np.flatnonzero(has).tolist():
                     yield f"grad_norm/{self._module_tags[i]}", math.sqrt(float(sq[i]))

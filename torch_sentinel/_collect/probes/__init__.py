@@ -11,10 +11,12 @@ module             slots (ledger blocks)                              events
 ``updates``        ``update_norm``                                    on_pre_step, on_post_step
 ``amp``            ``misc.amp_scale``; unscaled loss, skipped steps   on_post_step (+ GradScaler)
 ``steps``          host meta: learning rates                          on_post_step
+``clip``           ``clip_coef`` (one per parameter)                  clip_grad_norm_ (patched)
 =================  =================================================  ==========================
 """
 
 from .amp import AmpProbe
+from .clip import ClipProbe
 from .data import DataProbe
 from .forward import ForwardProbe
 from .loss import LossProbe
@@ -23,4 +25,4 @@ from .outgrad import OutputGradProbe
 from .steps import StepProbe
 from .updates import UpdateProbe
 
-__all__ = ["AmpProbe", "DataProbe", "ForwardProbe", "LossProbe", "NormsProbe", "OutputGradProbe", "StepProbe", "UpdateProbe"]
+__all__ = ["AmpProbe", "ClipProbe", "DataProbe", "ForwardProbe", "LossProbe", "NormsProbe", "OutputGradProbe", "StepProbe", "UpdateProbe"]
