@@ -57,3 +57,23 @@ def test_inputs_that_require_grad_are_not_parameters() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
     report = _loop(model, torch.optim.SGD(model.parameters(), lr=0.1), input_grad=True)
     assert report.by_kind("unregistered_parameter") == []
+
+
+def test_head_replaced_after_attach_is_named() -> None:
+    """A submodule replaced after attach: named, not '<unknown>' nor a cut graph."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(0)
+    with torch_sentinel.attach(model, opt) as sentinel:
+        model[2] = nn.Linear(8, 2)  # a new head, after attach
+        opt.param_groups[0]["params"] = list(model.parameters())
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 4, generator=g)).pow(2).mean().backward()
+            opt.step()
+        report = sentinel.report(all_ranks=False)
+    late = report.by_kind("unregistered_parameter")
+    assert late and "2.weight" in late[0].message and "after attach" in late[0].message
+    assert "<unknown>" not in str(report)
+    assert not [f for f in report.by_kind("no_gradient") if "cut" in f.message]

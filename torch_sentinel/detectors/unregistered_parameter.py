@@ -52,6 +52,8 @@ class UnregisteredParameterDetector(Detector, Probe):
         self._stray: dict[str, tuple[str, list[int], int, int]] = {}
         self._reported: set[str] = set()
         self._orphans = 0
+        #: Parameters registered in the model after attach: name -> (shape, step).
+        self._late: dict[str, tuple[list[int], int]] = {}
 
     def setup(self, host: ProbeHost) -> None:
         self._host = host
@@ -85,6 +87,11 @@ class UnregisteredParameterDetector(Detector, Probe):
             if id(leaf) in self._known or id(leaf) in inputs or not leaf.requires_grad:
                 continue
             owner, path = locate_attribute(c.map.modules, leaf)
+            late = _registered_now(c.map.root, leaf) if not owner and path == "<unknown>" else None
+            if late is not None:
+                # Registered after attach (a submodule replaced later): named, not a graph cut.
+                self._late.setdefault(late, (list(leaf.shape), c.step))
+                continue
             if not owner and path == "<unknown>":
                 cut = self.ctx.extras.setdefault(GRAPH_CUT, {"leaves": [], "reached_params": True})
                 if len(cut["leaves"]) < 8:
@@ -99,6 +106,17 @@ class UnregisteredParameterDetector(Detector, Probe):
         if self._host is None or not self._known:
             return []
         found = self._registered_but_unoptimized(records)
+        late = {k: v for k, v in self._late.items() if k not in self._reported}
+        if late:
+            self._reported.update(late)
+            found.append(self.finding(
+                f"{len(late)} parameter(s) joined the model after attach (a submodule replaced "
+                f"later?) and are not watched: {', '.join(sorted(late)[:4])}; attach once the model "
+                "is final, or detach and attach again after replacing modules",
+                module=common_module(n.rpartition(".")[0] for n in late), step=min(v[1] for v in late.values()),
+                severity="warning", evidence={"parameters": {k: v[0] for k, v in sorted(late.items())[:8]}},
+                next_check="register_parameters_with_optimizer",
+            ))
         stray = {k: v for k, v in self._stray.items() if k not in self._reported}
         if stray:
             self._reported.update(stray)
@@ -146,3 +164,12 @@ class UnregisteredParameterDetector(Detector, Probe):
 
     def finish(self) -> Iterable[Finding]:
         return self.observe(())
+
+
+def _registered_now(root: torch.nn.Module, leaf: torch.Tensor) -> Optional[str]:
+    """The name of ``leaf`` among the model's parameters now, if it was registered after attach
+    (cold path: runs only on the rare steps the graph is walked)."""
+    for name, p in root.named_parameters():
+        if p is leaf:
+            return name
+    return None
