@@ -12,6 +12,7 @@ from torch import nn
 from torch.nn.utils import clip_grad_norm_  # bound before attach: must still be seen
 
 import torch_sentinel
+from torch_sentinel.testing import count_host_syncs
 
 
 def scalars(log_dir: Path, tag: str) -> list[float]:
@@ -112,3 +113,23 @@ def test_exploding_gradient_is_seen_through_clipping() -> None:
             opt.step()
         report = sentinel.report(all_ranks=False)
     assert report.by_kind("exploding_gradient"), str(report)
+
+
+def test_observing_the_clip_adds_no_host_read() -> None:
+    def audited(attach: bool) -> dict:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+        s = torch_sentinel.attach(m, opt, check="deferred", flush_every=1000) if attach else None
+        g = torch.Generator().manual_seed(0)
+        batches = [torch.randn(8, 4, generator=g) for _ in range(5)]
+        with count_host_syncs() as syncs:
+            for x in batches:
+                opt.zero_grad()
+                (m(x) * 50).pow(2).mean().backward()
+                clip_grad_norm_(m.parameters(), 1.0)
+                opt.step()
+        if s is not None:
+            s.detach()
+        return dict(syncs.ops)
+
+    assert audited(True) == audited(False)
