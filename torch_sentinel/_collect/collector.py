@@ -266,26 +266,28 @@ class Collector:
 
     def _on_entry(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A top-level submodule called from user code, outside the model's own forward: its
-        inputs are data, except a module output handed on as is (``d(g(z))``)."""
+        inputs are data if they come from outside the graph (no ``grad_fn``: a batch, noise, a
+        detached tensor), not when computed from a module's output (``d(g(z))``, ``h(log(b(x)))``),
+        where the forward checks already locate a fault."""
         if self._root_depth or self.disabled or not torch.is_grad_enabled():
             return None
         compiling = _is_compiling()
         if not compiling and self.ring.head > self.ring.tail:
             self.drain()
-        self._emit_data(args, kwargs, compiling, skip=self._last_output)
+        self._emit_data(args, kwargs, compiling, from_outside=True)
         return None
 
     def _emit_data(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool,
-                   skip: Optional[torch.Tensor] = None) -> None:
+                   from_outside: bool = False) -> None:
         on_data = self._subs["on_data"]
         first = True
         for t in iter_tensors(args):
-            if reducible(t) and t is not skip:
+            if reducible(t) and not (from_outside and t.grad_fn is not None):
                 self._emit(on_data, t, first, None, compiling)
                 first = False
         for key, value in kwargs.items():
             for t in iter_tensors(value):
-                if not reducible(t) or t is skip:
+                if not reducible(t) or (from_outside and t.grad_fn is not None):
                     continue
                 # A 0-d tensor is a count or a flag (the HF Trainer's num_items_in_batch), not the batch.
                 main = first and "mask" not in key and t.dim() > 0
