@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
@@ -175,10 +176,20 @@ def test_nan_batch_into_a_submodule_is_a_data_fault_at_the_global_step(tmp_path:
 
 def test_nan_surfaces_as_nonfinite_error_from_fit(tmp_path: Path) -> None:
     callback = SentinelCallback()
-    with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 5, boundary 'data'") as info:
-        _fit(tmp_path, Regressor(nan_at=5), callback)
+    console = logging.getLogger("lightning.pytorch")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    console.addHandler(handler)
+    try:
+        with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 5, boundary 'data'") as info:
+            _fit(tmp_path, Regressor(nan_at=5), callback)
+    finally:
+        console.removeHandler(handler)
     assert info.value.step == 5
     assert callback.sentinel is not None and not callback.sentinel.attached
+    # The finding also reached Lightning's own console logger, in its step numbering.
+    assert any("non_finite (data)" in line and "global_step 5" in line for line in lines), lines
 
 
 def test_head_replaced_in_on_train_start_is_mapped(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
@@ -87,7 +88,17 @@ def test_healthy_training_logs_preclip_norms_through_the_trainer(tmp_path: Path)
 def test_nan_surfaces_at_the_trainers_step_and_detaches_by_itself(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, nan_at=3)
     callback = SentinelTrainerCallback.install(trainer)
-    with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 4, boundary 'forward'") as info:
-        trainer.train()
+    console = logging.getLogger("transformers.trainer")
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    console.addHandler(handler)
+    try:
+        with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 4, boundary 'forward'") as info:
+            trainer.train()
+    finally:
+        console.removeHandler(handler)
     assert info.value.module == "transformer.h.0.mlp.c_fc"
     assert callback.sentinel is not None and not callback.sentinel.attached  # no close_after_error()
+    # The finding also reached the Trainer's console logger, in its step numbering.
+    assert any("non_finite (forward)" in line and "state.global_step 4" in line for line in lines), lines

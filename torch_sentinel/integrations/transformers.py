@@ -145,3 +145,5 @@ class SentinelTrainerCallback(TrainerCallback):
     def close_after_error(self) -> None:
         """Detach after ``trainer.train()`` raised (done for you with :meth:`install`)."""
         detach_quietly(self.sentinel)
+        if self._sink is not None:
+            forward_findings(self._sink, console.warning, "state.global_step")
