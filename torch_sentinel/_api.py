@@ -373,7 +373,7 @@ def attach(
     *,
     log_dir: Optional[str] = None,
     check: str = "auto",
-    flush_every: int = 50,
+    flush_every: int = 10,
     on_nonfinite: str = "raise",
     **options: Any,
 ) -> Sentinel:

@@ -38,7 +38,7 @@ class Options:
 
     log_dir: Optional[str] = None
     check: str = "auto"
-    flush_every: int = 50
+    flush_every: int = 10
     log_every: int = 1
     on_nonfinite: str = "raise"
     seed: Optional[int] = None

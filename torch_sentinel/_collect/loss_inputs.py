@@ -11,6 +11,7 @@ rows that sum to 1 is a probability distribution, not logits.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -22,7 +23,7 @@ from .compat import is_compiling as _is_compiling
 from .patches import patch_for
 from .probe import Probe, ProbeHost
 
-__all__ = ["BROADCAST_LOSSES", "LOGIT_LOSSES", "BroadcastEvent", "LossInputs"]
+__all__ = ["BROADCAST_LOSSES", "LOGIT_LOSSES", "BroadcastEvent", "LossInputs", "forward_site"]
 
 
 #: Element-wise losses that broadcast a mismatched target instead of refusing it.
@@ -55,6 +56,15 @@ class _Listener:
 
     def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         return None
+
+
+def forward_site(module: nn.Module) -> str:
+    """``Class.forward (file.py:line)`` of a module's forward, where its functional calls are."""
+    fn = type(module).forward
+    try:
+        return f"{type(module).__name__}.forward ({inspect.getsourcefile(fn)}:{inspect.getsourcelines(fn)[1]})"
+    except (OSError, TypeError):
+        return f"{type(module).__name__}.forward"
 
 
 class LossInputs(Probe):
@@ -93,11 +103,17 @@ class LossInputs(Probe):
         self._names = {id(m): name for name, m in host.map.modules}
 
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
-        return [m for _, m in host.map.modules if isinstance(m, _PROB_MODULES)]
+        # the root too: a loss input that is the model's own output, made by a functional call
+        # (F.softmax, torch.sigmoid) as the last op of its forward, is named by that call site
+        return [m for _, m in host.map.modules if isinstance(m, _PROB_MODULES) or m is host.map.root]
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
-        if not compiling:
-            self._prob_outputs[t] = self._names.get(id(module), "")
+        if compiling or t in self._prob_outputs:
+            return  # an inner probability module produced this same tensor: it is the producer
+        if isinstance(module, _PROB_MODULES):
+            self._prob_outputs[t] = (self._names.get(id(module), ""), False)
+        else:
+            self._prob_outputs[t] = (self._names.get(id(module), ""), True)
 
     def close(self) -> None:
         self.host = None
@@ -147,6 +163,8 @@ class LossInputs(Probe):
         meta.extra["loss_probe"] = function
         producer = self._prob_outputs.get(x)
         if producer is not None:
-            meta.extra["loss_input_module"] = producer
-        elif x.grad_fn is not None:
+            meta.extra["loss_input_module"] = producer[0]
+        if x.grad_fn is not None and (producer is None or producer[1]):
             meta.extra["loss_input_op"] = type(x.grad_fn).__name__
+            if producer is not None:  # a functional call in that module's forward
+                meta.extra["loss_input_site"] = forward_site(c.map.root)

@@ -44,13 +44,16 @@ def _relu_functions() -> list[tuple[Any, str]]:
 class ReluSite:
     """One (module, unit layout) where ReLUs are applied."""
 
-    __slots__ = ("alive", "module", "steps", "unit_dim")
+    __slots__ = ("alive", "module", "steps", "unit_dim", "where")
 
-    def __init__(self, module: str, unit_dim: int, alive: torch.Tensor) -> None:
+    def __init__(self, module: str, unit_dim: int, alive: torch.Tensor, where: str = "") -> None:
         self.module = module
         self.unit_dim = unit_dim
         self.alive = alive
         self.steps = 0
+        #: The call site, "file.py:line" of the ReLU call inside the module's forward (the
+        #: first call seen for this site); "" when unknown.
+        self.where = where
 
 
 class ReluWatch(Probe):
@@ -95,12 +98,13 @@ class ReluWatch(Probe):
         self._last = weakref.ref(result)
         if result.ndim < 2 or not result.is_floating_point() or result.numel() == 0:
             return
-        module = self._caller()
-        if module is None:
+        caller = self._caller()
+        if caller is None:
             return  # applied outside the model (e.g. in the loop): not a unit of the network
-        self._reduce(module, result)
+        self._reduce(caller[0], result, caller[1])
 
-    def _caller(self) -> Optional[str]:
+    def _caller(self) -> Optional[tuple[str, Any]]:
+        """(module name, its forward's frame) of the innermost attached module on the stack."""
         frame = sys._getframe(2)
         for _ in range(_FRAME_DEPTH):
             if frame is None:
@@ -108,7 +112,7 @@ class ReluWatch(Probe):
             if "self" in frame.f_code.co_varnames[: frame.f_code.co_argcount]:
                 name = self._modules.get(id(frame.f_locals.get("self")))
                 if name is not None:
-                    return name
+                    return name, frame
             frame = frame.f_back  # type: ignore[assignment]
         return None
 
@@ -117,13 +121,17 @@ class ReluWatch(Probe):
             return 1
         return t.ndim - 1
 
-    def _reduce(self, module: str, t: torch.Tensor) -> None:
+    def _reduce(self, module: str, t: torch.Tensor, frame: Any = None) -> None:
         dim = self._unit_dim(t)
         units = int(t.shape[dim])
         key = (module, -1 if dim == t.ndim - 1 else 1, units)
         site = self.sites.get(key)
         if site is None:
-            site = self.sites[key] = ReluSite(module, key[1], torch.zeros(units, dtype=torch.bool, device=t.device))
+            # once per site: the line of the call in the module's forward (nn.ReLU's own
+            # forward is torch's, so only a functional call gets a site in user code)
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+            site = self.sites[key] = ReluSite(module, key[1], torch.zeros(units, dtype=torch.bool, device=t.device),
+                                              where)
         with torch.no_grad():
             d = t.detach()
             # Reductions along contiguous memory run ~4x faster on CPU than amax over a tuple

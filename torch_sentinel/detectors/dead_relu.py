@@ -103,14 +103,19 @@ class DeadReluDetector(Detector):
             units = int(alive.size)
             dead_units = np.flatnonzero(~alive.astype(bool))
             axis = "channels" if site.unit_dim == 1 else "features"
+            mtype = self.ctx.module_types.get(site.module, "")
+            functional = bool(site.where) and mtype != "ReLU"
+            at = f" (a functional ReLU called in {mtype or 'the model'}.forward at {site.where})" if functional else ""
             found.append(self.finding(
                 f"{len(dead_units)} of {units} ReLU {axis} ({frac:.0%}) applied in "
-                f"{label} never produced a positive output over {steps[i]} sampled training steps",
-                module=site.module, step=at_step, severity="warning",
+                f"{label}{at} never produced a positive output over {steps[i]} sampled training steps",
+                module=site.module, step=at_step, onset_step=max(0, at_step - steps[i] + 1),
+                severity="warning",
                 evidence={
                     "dead_fraction": frac, "dead_units": len(dead_units), "units": units,
                     "unit_axis": axis, "steps_observed": steps[i],
                     "first_dead_units": dead_units[:8].tolist(), "threshold": self.fraction,
+                    "call_site": site.where if functional else None,
                 },
                 next_check="inspect_initialization_and_learning_rate",
             ))

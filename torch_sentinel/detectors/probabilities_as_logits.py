@@ -39,6 +39,7 @@ class ProbabilitiesAsLogitsDetector(Detector):
         self._count = 0
         self._module: Optional[str] = None
         self._op: Optional[str] = None
+        self._site: Optional[str] = None
         self._reported = False
 
     def probes(self) -> Sequence[Probe]:
@@ -62,21 +63,29 @@ class ProbabilitiesAsLogitsDetector(Detector):
                     self._hits.append((rec.step, fn, lo, hi, dev))
                 self._module = rec.meta.extra.get("loss_input_module", self._module)
                 self._op = rec.meta.extra.get("loss_input_op", self._op)
+                self._site = rec.meta.extra.get("loss_input_site", self._site)
         if self._reported or self._count < self.min_probes or self._count < self._probes // 2:
             return ()
         self._reported = True
-        step, fn, lo, hi, dev = self._hits[-1]
-        source = f"the output of {self._module or '<model>'}" if self._module is not None else (
-            f"a tensor made by {self._op}" if self._op else "the model output")
+        step = self._hits[min(self.min_probes, len(self._hits)) - 1][0]
+        _, fn, lo, hi, dev = self._hits[-1]
+        if self._op and self._module is not None:
+            source = (f"a {self._op.replace('Backward0', '').lower()} called in the forward of "
+                      f"{self._module or '<model>'}" + (f", {self._site}" if self._site else ""))
+        elif self._module is not None:
+            source = f"the output of {self._module or '<model>'}"
+        else:
+            source = f"a tensor made by {self._op} outside the model" if self._op else "the model output"
         what = "values all in [0, 1]" if fn == "binary_cross_entropy_with_logits" else \
             f"non-negative rows summing to 1 (max |sum - 1| = {dev:.2g})"
         return [self.finding(
             f"{fn} expects logits but was given probabilities: {source} had {what} on "
             f"{self._count} of {self._probes} probed steps",
-            module=self._module, step=step, severity="warning",
+            module=self._module, step=step, onset_step=self._hits[0][0], severity="warning",
             evidence={"loss_function": fn, "min": lo, "max": hi, "max_rowsum_deviation": dev,
                       "probes_matching": self._count, "probes": self._probes,
-                      "steps": [h[0] for h in self._hits][:8], "producer_op": self._op},
+                      "steps": [h[0] for h in self._hits][:8], "producer_op": self._op,
+                      "call_site": self._site},
             next_check="feed_logits_to_the_loss",
         )]
 
