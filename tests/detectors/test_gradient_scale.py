@@ -58,3 +58,30 @@ def test_threshold_override() -> None:
             model(torch.randn(32, 16)).pow(2).mean().backward()
             opt.step()
         assert s.report().by_kind("vanishing_gradient") == []
+
+
+def _bert_from_scratch() -> torch_sentinel.Report:
+    """A small BERT built from a config (no download), trained from scratch at a brisk lr; its
+    first Linear in forward order is layer 0's attention query projection."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    model = transformers.BertForSequenceClassification(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(1)
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(40):
+            ids = torch.randint(0, 64, (16, 12), generator=g)
+            opt.zero_grad()
+            model(input_ids=ids, labels=(ids[:, 0] < 32).long()).loss.backward()
+            opt.step()
+        return s.report()
+
+
+def test_transformer_from_scratch_query_projection_is_not_a_vanishing_gradient() -> None:
+    """Regression (issue 12): depth came from forward order of Linear layers, so the attention
+    query projection (tiny gradient by construction beside the value projection at the same
+    graph depth) was "the first layer" and vanishing_gradient fired on a healthy run."""
+    assert _bert_from_scratch().by_kind("vanishing_gradient") == []

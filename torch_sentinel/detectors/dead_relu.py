@@ -6,8 +6,9 @@ Thresholds:
   (70% zero gradients) and the dead-node bar of DeepDiagnosis (70% of outputs <= 0); ours is
   stricter per unit (never positive over a whole window, not 70% of outputs), so a sparse but
   alive layer stays quiet.
-- ``dead_relu.min_steps`` = 10 sampled steps: a unit that fires on 1 batch in 10 is alive; fewer
-  steps would call rare features dead.
+- ``dead_relu.min_steps`` = 20 sampled steps: a unit that fires on 1 batch in 20 is alive; fewer
+  steps would call rare features dead. Detectors run every 10 steps, so a layer dead from its
+  onset is reported 20 steps later.
 - ``dead_relu.every`` = 1: sample every step (set 2+ to halve the cost on ReLU-heavy models).
 """
 
@@ -35,7 +36,7 @@ class DeadReluDetector(Detector):
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.fraction = ctx.threshold("dead_relu.fraction", 0.7)
-        self.min_steps = int(ctx.threshold("dead_relu.min_steps", 10))
+        self.min_steps = int(ctx.threshold("dead_relu.min_steps", 20))
         self.watch = ReluWatch(every=int(ctx.threshold("dead_relu.every", 1)))
         self._pending: Optional[tuple[list[ReluSite], list[int], AsyncFetch, int]] = None
         self._last_step = 0

@@ -44,6 +44,8 @@ class EvalModeTrainingDetector(Detector, Probe):
         self._root: Any = None
         self._host: Optional[ProbeHost] = None
         self._last: tuple[str, ...] = ()
+        self._root_called = False
+        self._eval_parents: dict[str, weakref.ref[nn.Module]] = {}
         self._hits: list[tuple[int, tuple[str, ...]]] = []
         self._reported = False
 
@@ -52,6 +54,7 @@ class EvalModeTrainingDetector(Detector, Probe):
             return
         modules = dict(host.map.modules)
         self._root = weakref.ref(host.map.root)
+        self._eval_parents = {name: weakref.ref(m) for name, m in host.map.modules}
         for name, m in host.map.modules:
             if isinstance(m, _MODE_DEPENDENT):
                 parent = modules.get(name.rpartition(".")[0], host.map.root)
@@ -67,6 +70,7 @@ class EvalModeTrainingDetector(Detector, Probe):
         if c is None or _is_compiling() or not self._checked(c.step):
             self._last = ()
             return
+        self._root_called = True
         self._last = self._off()
 
     def _off(self) -> tuple[str, ...]:
@@ -91,10 +95,13 @@ class EvalModeTrainingDetector(Detector, Probe):
         c = self._host
         if c is None:
             return
-        if c.traced and self._checked(c.step):
+        if (c.traced and self._checked(c.step)) or (not self._root_called and not _is_compiling()):
             # Under torch.compile the forward hooks run only while tracing; backward() is
-            # called from eager code, where the modes of this step's forward still hold.
+            # called from eager code, where the modes of this step's forward still hold. A
+            # container attached as the root but never called itself (a GAN's ModuleDict whose
+            # loop calls netG and netD directly) is read at the backward too.
             self._last = self._off()
+        self._root_called = False
         if self._last and self._checked(c.step) and len(self._hits) < 16 and (not self._hits or self._hits[-1][0] != c.step):
             self._hits.append((c.step, self._last))
         self._last = ()
@@ -106,7 +113,7 @@ class EvalModeTrainingDetector(Detector, Probe):
         names = self._hits[-1][1]
         root_eval = names[0] == "<root-eval>"
         names = names[1:] if root_eval else names
-        module = "" if root_eval else names[0]
+        module = "" if root_eval else self._owner(names)
         types = sorted({self.ctx.module_types.get(n, "") for n in names})
         return [self.finding(
             f"{len(names)} {'/'.join(types)} module(s) were in eval mode during training forwards "
@@ -118,6 +125,18 @@ class EvalModeTrainingDetector(Detector, Probe):
                       "model_in_eval": root_eval},
             next_check="call_model_train_before_training",
         )]
+
+    def _owner(self, names: tuple[str, ...]) -> str:
+        """The outermost module in eval mode that holds every flagged module (``netG`` when a
+        generator was left in eval), else the first flagged module."""
+        parts = names[0].split(".")
+        for k in range(1, len(parts)):
+            prefix = ".".join(parts[:k])
+            ref = self._eval_parents.get(prefix)
+            m = ref() if ref is not None else None
+            if m is not None and not m.training and all(n.startswith(prefix + ".") for n in names):
+                return prefix
+        return names[0]
 
     def finish(self) -> Iterable[Finding]:
         return self.observe(())

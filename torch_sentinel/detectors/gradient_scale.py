@@ -1,8 +1,13 @@
 """``exploding_gradient`` and ``vanishing_gradient``: per-layer gradient norms across depth.
 
 A layer is a module with weights (Linear, Conv, RNN cells); its gradient norm is the norm of
-its weight gradients at the optimizer step. Layers are ordered by forward execution, so
-"first" is the layer nearest the input and "last" the one nearest the loss.
+its weight gradients at the optimizer step. For ``exploding_gradient`` layers are ordered by
+forward execution, so "first" is the layer nearest the input and "last" the one nearest the
+loss. ``vanishing_gradient`` takes depth from the autograd graph instead (``_collect/depth.py``,
+walked once at the first backward): the first layers are all those deepest from the loss and
+the gradient reaching that depth is the largest among them, so a transformer's query
+projection, tiny by construction beside the value projection at the same depth, is not read
+as a vanishing gradient.
 
 Thresholds (AUTOTRAINER's, per step, taken as a median over the window):
 - vanishing: first/last layer weight-gradient-norm ratio below ``vanishing_gradient.ratio`` =
@@ -24,7 +29,11 @@ from collections.abc import Iterable, Sequence
 from typing import Optional
 
 import numpy as np
+import torch
 
+from .._collect.compat import is_compiling as _is_compiling
+from .._collect.depth import layer_depths
+from .._collect.probe import Probe, ProbeHost
 from .._collect.probes.clip import preclip_grad_norms
 from .._collect.records import StepRecord
 from .._findings import Finding
@@ -38,14 +47,20 @@ _WEIGHTED = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTra
              "NonDynamicallyQuantizableLinear", "LazyLinear", "LazyConv2d")
 
 
-def _layers(ctx: RunContext) -> list[tuple[str, list[str]]]:
-    """(layer, its weight parameters) in forward order."""
+def _layers_unordered(ctx: RunContext) -> list[tuple[str, list[str]]]:
+    """(layer, its weight parameters), in parameter order."""
     by_owner: dict[str, list[str]] = {}
     for p in ctx.param_names:
         owner = ctx.owner(p)
         leaf = p.rpartition(".")[2]
         if owner is not None and ctx.module_types.get(owner, "") in _WEIGHTED and leaf.startswith("weight"):
             by_owner.setdefault(owner, []).append(p)
+    return list(by_owner.items())
+
+
+def _layers(ctx: RunContext) -> list[tuple[str, list[str]]]:
+    """(layer, its weight parameters) in forward order."""
+    by_owner = dict(_layers_unordered(ctx))
     order = [ctx.module_names[s] for s in ctx.forward_order()]
     return [(m, by_owner[m]) for m in order if m in by_owner]
 
@@ -93,7 +108,7 @@ class _GradientScale(Detector):
                     self._first_totals.append((rec.step, total))
                 self._totals.append((rec.step, total))
             if len(norms) >= 3 and all(math.isfinite(v) for _, v in norms):
-                (fl, f), (ll, last) = norms[0], norms[-1]
+                (fl, f), (ll, last) = self._ends(norms)
                 ratio = f / last if last > 0 else math.inf
                 self._ratios.append((rec.step, ratio, f, last, fl, ll))
             signal = self._output_signal(rec)
@@ -108,6 +123,10 @@ class _GradientScale(Detector):
 
     def verdict(self) -> list[Finding]:
         raise NotImplementedError
+
+    def _ends(self, norms: list[tuple[str, float]]) -> tuple[tuple[str, float], tuple[str, float]]:
+        """The (layer, norm) at the input end and at the loss end."""
+        return norms[0], norms[-1]
 
     def _output_signal(self, rec: StepRecord) -> Optional[tuple[int, float, float, float, str, str]]:
         """(step, first/last ratio, first, last, names) of the max |gradient| into layer outputs."""
@@ -134,8 +153,31 @@ class _GradientScale(Detector):
                 recent[-1][4], recent[-1][5], [x[0] for x in recent])
 
 
-class VanishingGradientDetector(_GradientScale):
+class VanishingGradientDetector(_GradientScale, Probe):
     kind = "vanishing_gradient"
+
+    def __init__(self, ctx: RunContext) -> None:
+        super().__init__(ctx)
+        self._weights: dict[int, str] = {}
+        self._depths: Optional[dict[str, int]] = None
+
+    def setup(self, host: ProbeHost) -> None:
+        names = {n for layer, params in _layers_unordered(self.ctx) for n in params}
+        self._weights = {id(p): self.ctx.owner(n) or "" for n, p in host.params if n in names}
+
+    def on_backward(self, loss: torch.Tensor) -> None:
+        if self._depths is None and self._weights and not _is_compiling():
+            self._depths = layer_depths(loss, self._weights)  # once: a host walk, no device op
+
+    def _ends(self, norms: list[tuple[str, float]]) -> tuple[tuple[str, float], tuple[str, float]]:
+        depths = self._depths
+        known = [(layer, v, depths[layer]) for layer, v in norms if depths and layer in depths]
+        if len(known) < 3:
+            return norms[0], norms[-1]
+        deepest, shallowest = max(d for _, _, d in known), min(d for _, _, d in known)
+        first = max(((lay, v) for lay, v, d in known if d == deepest), key=lambda x: x[1])
+        last = max(((lay, v) for lay, v, d in known if d == shallowest), key=lambda x: x[1])
+        return first, last
 
     def verdict(self) -> list[Finding]:
         m = self._median()

@@ -52,6 +52,9 @@ class NoUpdateDetector(Detector, Probe):
         self._frozen_steps: list[int] = []
         #: the first step whose lr was exactly 0 after a positive lr (None while it is positive)
         self._lr_zero_since: Optional[int] = None
+        #: optimizer steps with a backward taken since the lr fell to exactly 0 (host facts:
+        #: seen every step, with no need for the sampled weight norms)
+        self._lr_zero_steps: list[int] = []
         self._reported: set[str] = set()
         self._host: Optional[ProbeHost] = None
 
@@ -75,16 +78,38 @@ class NoUpdateDetector(Detector, Probe):
                     self._lr_zero_since = rec.step
                 elif max(lrs) > 0:
                     self._lr_zero_since = None
+                    self._lr_zero_steps = []
                 self._max_lr = max(self._max_lr, max(lrs))
+            if self._lr_zero_since is not None and rec.meta.backward_calls and not rec.meta.amp_skipped \
+                    and len(self._lr_zero_steps) < 16:
+                self._lr_zero_steps.append(rec.step)
             if len(self._frozen_steps) < 16 and self._all_frozen(rec):
                 self._frozen_steps.append(rec.step)
             if len(self._cleared_steps) < 16 and self._all_cleared(rec, watched):
                 self._cleared_steps.append(rec.step)
             self._prev = rec
+        found += self._lr_zero_finding(watched)
         found += self._still_findings()
         found += self._cleared_finding()
         found += self._frozen_finding()
         return found
+
+    def _lr_zero_finding(self, watched: list[str]) -> list[Finding]:
+        if "<lr0>" in self._reported or len(self._lr_zero_steps) < self.min_still or not watched:
+            return []
+        self._reported.add("<lr0>")
+        self._reported.update(watched)  # the still-weights evidence would only repeat this
+        fell, steps = self._lr_zero_since, self._lr_zero_steps
+        return [self.finding(
+            f"the learning rate fell to exactly 0 at step {fell} after peaking at {self._max_lr:.3g} "
+            f"and stayed 0 for {len(steps)} optimizer steps with a backward: no parameter can move "
+            "any more (a step schedule with gamma 0, or a decay to min_lr=0 that ends before the "
+            "run does?)",
+            module="", step=steps[self.min_still - 1], onset_step=fell, severity="error",
+            evidence={"lr_zero_since": fell, "max_lr_seen": self._max_lr, "steps": steps[:16],
+                      "parameters_watched": len(watched)},
+            next_check="inspect_optimizer_update",
+        )]
 
     def _all_frozen(self, rec: StepRecord) -> bool:
         """A backward ran, yet every parameter the optimizer holds has requires_grad=False."""

@@ -278,7 +278,13 @@ class NonFiniteDiagnosis:
             others = "; ".join(f"({i}) {c.text}" for i, c in enumerate(causes[1:3], start=2))
             advice = (f"likely causes, most likely first: (1) {first.text}."
                       + (f" Then: {others}" if others else ""))
-        if fault.module is not None and not fault.detail.get("module_type"):
+        if fault.module is not None and fault.module in self.ctx.module_types:
+            # the type of the module named, never of the child whose output first went bad
+            # (a NaN from F.softmax in CausalSelfAttention.forward is not the Linear's)
+            if fault.detail.get("module_type") and fault.detail["module_type"] != self.ctx.module_types[fault.module]:
+                fault.detail.setdefault("first_nonfinite_output_type", fault.detail["module_type"])
+            fault.detail["module_type"] = self.ctx.module_types[fault.module]
+        elif fault.module is not None and not fault.detail.get("module_type"):
             fault.detail["module_type"] = self.ctx.module_types.get(fault.module, "")
         module_txt = (f"module {fault.module or '<model>'!r}" + (
             f" ({fault.detail['module_type']})" if fault.detail.get("module_type") else "")
