@@ -41,7 +41,7 @@ def test_golden_report(
     assert "skipping report_run/findings.jsonl:5" in err
 
 
-def train_run(log_dir: Path, steps: int = 12) -> list[float]:
+def train_run(log_dir: Path, steps: int = 22) -> list[float]:
     torch.manual_seed(0)
     model = MLP()
     with torch.no_grad():
@@ -64,14 +64,14 @@ def test_report_of_a_real_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     losses = train_run(tmp_path)
     assert main(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert f"final loss: train {losses[-1]:.4g} at step 11" in out
-    assert "torch_sentinel diagnosis after 12 step(s)" in out
+    assert f"final loss: train {losses[-1]:.4g} at step 21" in out  # dead_relu needs 20 steps
+    assert "torch_sentinel diagnosis after 22 step(s)" in out
     assert "[warning] dead_relu (forward) in act" in out
     assert "  forward    FAIL  <- first failing boundary" in out
     assert out.rstrip().endswith("next check: inspect_initialization_and_learning_rate")
     assert main(["report", "--json", str(tmp_path)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["final"]["loss/train"] == {"step": 11, "value": pytest.approx(losses[-1], rel=1e-6)}
+    assert data["final"]["loss/train"] == {"step": 21, "value": pytest.approx(losses[-1], rel=1e-6)}
     assert "dead_relu" in {f["kind"] for f in data["findings"]}
 
 
