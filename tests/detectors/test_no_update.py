@@ -120,3 +120,31 @@ def test_step_never_called() -> None:
     report = _loop(model, torch.optim.SGD(model.parameters(), lr=0.1), steps=5, step=False)
     (f,) = report.by_kind("no_update")
     assert f.evidence == {"backward_calls": 5, "optimizer_steps": 0}
+
+
+def _dtype_run(dtype: torch.dtype, lr: float, mixed: bool) -> torch_sentinel.Report:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.LayerNorm(64), nn.ReLU(), nn.Linear(64, 4))
+    (model[0] if mixed else model).to(dtype)  # mixed: only the first layer in that dtype
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(1)
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(30):
+            x = torch.randn(32, 16, generator=g).to(dtype)
+            h = model[0](x).to(model[1].weight.dtype)
+            out = model[3](model[2](model[1](h)))
+            opt.zero_grad()
+            nn.functional.cross_entropy(out.float(), x[:, :4].float().argmax(1)).backward()
+            opt.step()
+        return s.report()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=["bf16", "float64"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["whole_model", "mixed"])
+@pytest.mark.parametrize("lr", [1e-2, 0.0], ids=["lr_1e-2", "lr_0"])
+def test_no_update_in_other_dtypes(dtype: torch.dtype, mixed: bool, lr: float) -> None:
+    """Regression (issue 12): bf16 weight norms (3 significant digits) stood still while the
+    weights moved; norms are now accumulated in float32 or better, with the dtype's resolution
+    in the threshold. A real lr of 0 is still found."""
+    found = _dtype_run(dtype, lr, mixed).by_kind("no_update")
+    assert bool(found) == (lr == 0.0), [str(f) for f in found]

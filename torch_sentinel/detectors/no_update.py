@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
+import torch
+
 from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._findings import Finding
@@ -34,7 +36,9 @@ from .unregistered_parameter import GRAPH_CUT
 
 __all__ = ["NoUpdateDetector"]
 
-#: Relative change of a norm that float32 reliably resolves (its epsilon is 1.2e-7).
+#: Relative change of a norm that float32 reliably resolves (its epsilon is 1.2e-7); norms are
+#: accumulated in float32 or better (``_collect/probes/norms.py``), and a weight dtype coarser
+#: than that raises the bar to its own epsilon.
 _RESOLUTION = 1e-5
 
 
@@ -50,6 +54,7 @@ class NoUpdateDetector(Detector, Probe):
         self._max_lr = 0.0
         self._cleared_steps: list[int] = []
         self._frozen_steps: list[int] = []
+        self._resolution: dict[str, float] = {}
         #: the first step whose lr was exactly 0 after a positive lr (None while it is positive)
         self._lr_zero_since: Optional[int] = None
         #: optimizer steps with a backward taken since the lr fell to exactly 0 (host facts:
@@ -60,6 +65,10 @@ class NoUpdateDetector(Detector, Probe):
 
     def setup(self, host: ProbeHost) -> None:
         self._host = host
+        # A step smaller than the weight's own resolution is rounded away: bf16 keeps ~3
+        # significant digits (eps 7.8e-3), so only steps above that are evidence there.
+        self._resolution = {n: max(_RESOLUTION, float(torch.finfo(p.dtype).eps))
+                            for n, p in host.params if p.is_floating_point()}
 
     def _watched(self) -> list[str]:
         return [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
@@ -138,7 +147,7 @@ class NoUpdateDetector(Detector, Probe):
                 continue
             # An SGD-sized step lr * |g| below float32 resolution of the weight's norm cannot be
             # seen (a conv bias before BatchNorm has a gradient of ~1e-9): not evidence.
-            visible = lr_zero or lr * g > _RESOLUTION * max(pre0[name], 1e-30)
+            visible = lr_zero or lr * g > self._resolution.get(name, _RESOLUTION) * max(pre0[name], 1e-30)
             if not visible:
                 continue
             if pre0[name] == pre1[name] and not decayed:

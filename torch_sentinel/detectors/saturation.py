@@ -69,7 +69,7 @@ class SaturationDetector(Detector):
             found.append(self.finding(
                 f"{median:.0%} of the {mtype} outputs of {site} are saturated (pre-activation "
                 f"beyond +-5) over {len(samples)} sampled steps: almost no gradient passes",
-                module=site, step=samples[-1][0], severity="warning",
+                module=site, step=samples[-1][0], onset_step=samples[0][0], severity="warning",
                 evidence={"saturated_fraction": median, "steps": [s for s, _ in samples],
                           "fractions": [f for _, f in samples], "threshold": self.fraction},
                 next_check="inspect_initialization_and_input_scale",
