@@ -33,9 +33,7 @@ BUGS = {
                              xfail="not found: only optimizerG's gradients accumulate (netD is "
                                    "zeroed every step); the detector misses it with two optimizers"),
     "netG_eval": Bug("netG.eval() left on from sampling with fixed_noise", "eval_mode_training",
-                     module="netG", onset=11,
-                     xfail="not found: the mode flags are read in the attached root's forward "
-                           "pre-hook, and the container holding netG and netD is never called"),
+                     module="netG", onset=11),
 }
 
 NZ = 4

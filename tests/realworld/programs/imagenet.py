@@ -28,9 +28,7 @@ HEALTHY_XFAIL: Optional[str] = None
 BUGS = {
     "no_normalize": Bug("the Normalize transform (and ToTensor's /255) left out: raw 0..255 pixels",
                         "unnormalized_input"),
-    "steplr_gamma_zero": Bug("StepLR(optimizer, step_size=2, gamma=0.0)", "no_update", onset=16,
-                             xfail="not found by step 40: lr is 0 from step 16, but weights are "
-                                   "compared on sampled steps only (20, 30), 2 of the 3 needed"),
+    "steplr_gamma_zero": Bug("StepLR(optimizer, step_size=2, gamma=0.0)", "no_update", onset=16),
     "lr_x100": Bug("--lr 10 instead of 0.1", ("update_ratio", "diverging")),
 }
 

@@ -25,11 +25,9 @@ MODELLED_ON = "Lightning-AI/pytorch-lightning examples/pytorch/basics/backbone_i
 HEALTHY_XFAIL: Optional[str] = None
 BUGS = {
     "softmax_backbone_output": Bug("nn.Softmax(dim=1) appended to the network before F.cross_entropy",
-                                   "probabilities_as_logits", module="net.3",
-                                   late="reported at step 30 for a fault present from step 0"),
+                                   "probabilities_as_logits", module="net.3"),
     "dead_relu_init": Bug("nn.init.constant_(self.net[0].bias, -10.0) in __init__", "dead_relu",
-                          module="net.1",
-                          late="reported at step 40 (end of run) for ReLUs dead from step 0"),
+                          module="net.1"),
 }
 
 

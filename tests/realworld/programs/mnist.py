@@ -24,10 +24,7 @@ MODELLED_ON = "pytorch/examples mnist/main.py"
 HEALTHY_XFAIL: Optional[str] = None
 BUGS = {
     "softmax_into_nll": Bug("F.softmax instead of F.log_softmax before F.nll_loss",
-                            "probabilities_as_logits", module="",
-                            xfail="found at step 40 but module None: the functional F.softmax is "
-                                  "not named by its call site (Net.forward, the model itself)",
-                            late="reported at step 40 (the last flush) for a fault present from step 0"),
+                            "probabilities_as_logits", module=""),
     "no_zero_grad": Bug("optimizer.zero_grad() deleted from the batch loop", "missing_zero_grad"),
     "eval_left_on": Bug("model.eval() (from test()) never undone by model.train()",
                         "eval_mode_training", module="", onset=20),

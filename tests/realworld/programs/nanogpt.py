@@ -30,9 +30,7 @@ BUGS = {
     "no_zero_grad": Bug("optimizer.zero_grad(set_to_none=True) deleted after scaler.update()",
                         "missing_zero_grad"),
     "decay_to_zero_early": Bug("lr_decay_iters = 16 with min_lr = 0.0 (run is 40 iters)",
-                               "no_update", onset=17,
-                               xfail="not found by step 40: lr is 0 from iter 17, but weights are "
-                                     "compared on sampled steps only (20, 30), 2 of the 3 needed"),
+                               "no_update", onset=17),
     "lr_x100": Bug("learning_rate = 3e-3 * 100", ("update_ratio", "diverging"),
                    xfail="nothing found: the loss spikes 2.8 -> 6.8 during warm-up (step 5), "
                          "then sits at chance ln(16) for 30 steps"),

@@ -28,8 +28,7 @@ BUGS = {
     "zero_grad_after_backward": Bug("optimizer.zero_grad() moved between loss.backward() and step()",
                                     "no_update"),
     "dead_classifier_relu": Bug("nn.init.constant_(classifier[0].bias, -8.0) in the weight init",
-                                "dead_relu", module="classifier.1",
-                                late="reported at step 39 (end of run) for ReLUs dead from step 0"),
+                                "dead_relu", module="classifier.1"),
 }
 
 

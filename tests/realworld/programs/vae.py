@@ -27,10 +27,7 @@ BUGS = {
                           module="", nonfinite=True),
     "sigmoid_into_bce_with_logits": Bug(
         "F.binary_cross_entropy_with_logits(recon_x, x) on the sigmoid output of decode()",
-        "probabilities_as_logits", module="",
-        xfail="found at step 30 but module None: the functional torch.sigmoid in VAE.decode is "
-              "not named by its call site (the model itself)",
-        late="reported at step 30 for a fault present from step 0"),
+        "probabilities_as_logits", module=""),
 }
 
 
