@@ -305,6 +305,12 @@ def run(cfg: Config) -> dict[str, Any]:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     modes = ["eager"] + (["compiled"] if cfg.compile and cuda else [])
+    if "compiled" in modes:
+        # Every copy of a model class is compiled here (bare first): without hook guards the
+        # instrumented copies would reuse the bare graph and their hooks would never run.
+        torch._dynamo.config.skip_nnmodule_hook_guards = False
+        torch._dynamo.config.recompile_limit = 64
+        torch._dynamo.config.accumulated_recompile_limit = 1024
     results: dict[str, Any] = {
         "meta": {
             "device": device.type,
