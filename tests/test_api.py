@@ -34,39 +34,6 @@ def test_attach_rejects_bad_objects(model, optimizer, error, match) -> None:
         torch_sentinel.attach(m, optimizer(m))
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"check": "sometimes"}, r"check='sometimes' is not valid: expected one of 'auto', 'immediate', 'deferred'"),
-        ({"on_nonfinite": "ignore"}, r"on_nonfinite='ignore' is not valid: expected one of 'raise', 'warn', 'record'"),
-        ({"flush_every": 0}, r"flush_every must be a positive int, got 0"),
-        ({"log_every": "2"}, r"log_every must be a positive int"),
-        ({"update_every": -1}, r"update_every must be an int >= 0"),
-    ],
-    ids=["check", "on_nonfinite", "flush_every", "log_every", "update_every"],
-)
-def test_attach_rejects_bad_option_values(kwargs, match) -> None:
-    m = MLP()
-    with pytest.raises(ValueError, match=match):
-        torch_sentinel.attach(m, _opt(m), **kwargs)
-
-
-def test_attach_rejects_unknown_option() -> None:
-    m = MLP()
-    with pytest.raises(TypeError, match=r"unknown option\(s\) flush_evry; expected some of .*flush_every"):
-        torch_sentinel.attach(m, _opt(m), flush_evry=3)
-
-
-def test_env_overrides_policy_and_bad_env_value_lists_valid_ones(monkeypatch) -> None:
-    m = MLP()
-    monkeypatch.setenv("TORCH_SENTINEL_ON_NONFINITE", "record")
-    with torch_sentinel.attach(m, _opt(m), on_nonfinite="raise") as s:
-        assert s.options.on_nonfinite == "record"
-    monkeypatch.setenv("TORCH_SENTINEL_ON_NONFINITE", "explode")
-    with pytest.raises(ValueError, match=r"\$TORCH_SENTINEL_ON_NONFINITE.*'raise', 'warn', 'record'"):
-        torch_sentinel.attach(m, _opt(m))
-
-
 def test_attaching_twice_is_an_error_until_detached() -> None:
     m = MLP()
     opt = _opt(m)

@@ -8,7 +8,13 @@ Evidence is checked along a ladder: data → shapes → forward → loss → gra
 from __future__ import annotations
 
 from ._api import Sentinel, attach
-from ._errors import InstrumentationError, NonFiniteError, SentinelError, ShapeContractError
+from ._errors import (
+    InstrumentationError,
+    NonFiniteError,
+    OptionError,
+    SentinelError,
+    ShapeContractError,
+)
 from ._findings import BOUNDARIES, Finding
 from .diagnosis import Report
 from .repro import check_determinism, replay, seed_everything
@@ -21,6 +27,7 @@ __all__ = [
     "Finding",
     "InstrumentationError",
     "NonFiniteError",
+    "OptionError",
     "Report",
     "Sentinel",
     "SentinelError",

@@ -11,6 +11,7 @@ from typing import Any, Optional
 __all__ = [
     "InstrumentationError",
     "NonFiniteError",
+    "OptionError",
     "SentinelError",
     "ShapeContractError",
     "format_message",
@@ -40,6 +41,12 @@ def format_message(
 
 class SentinelError(RuntimeError):
     """Base class of every error torch_sentinel raises."""
+
+
+class OptionError(SentinelError, ValueError, TypeError):
+    """An ``attach()`` option is unknown, of the wrong type or out of range. Raised by
+    ``attach()`` before anything is installed. It is also a ``ValueError`` and a ``TypeError``,
+    so code that catches either for a bad argument keeps working."""
 
 
 class InstrumentationError(SentinelError):

@@ -1,12 +1,31 @@
-"""Options given to ``attach()``, validated up front so that a bad value fails at attach time."""
+"""Options given to ``attach()``, validated up front so that a bad value fails at attach time.
+
+Every message names the option, what was expected and what arrived; a misspelt finding kind or
+threshold key names the closest valid ones. The valid kinds and threshold keys are read from the
+detectors themselves (``Detector.kind`` and the ``thresholds`` each detector declares next to
+where it reads them), so this module never holds a list that could drift from them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+import numbers
 import os
-from typing import Any, Callable, Optional, Union
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Optional
 
-__all__ = ["CHECK_MODES", "NONFINITE_POLICIES", "Options", "resolve_check_mode"]
+from ._errors import OptionError, format_message
+
+__all__ = [
+    "CHECK_MODES",
+    "NONFINITE_POLICIES",
+    "Options",
+    "finding_kinds",
+    "resolve_check_mode",
+    "threshold_keys",
+]
 
 CHECK_MODES = ("auto", "immediate", "deferred")
 NONFINITE_POLICIES = ("raise", "warn", "record")
@@ -15,21 +34,97 @@ NONFINITE_POLICIES = ("raise", "warn", "record")
 ENV_ON_NONFINITE = "TORCH_SENTINEL_ON_NONFINITE"
 ENV_CHECK = "TORCH_SENTINEL_CHECK"
 
+#: Kinds that are reported but cannot be switched off with ``disable``, and what to do instead.
+_NOT_DISABLEABLE = {
+    "non_finite": "use on_nonfinite='record' (or 'warn') to keep training through a NaN",
+    "shape_mismatch": "it only adds a note to a shape error that is raised anyway",
+}
+
+
+def finding_kinds() -> list[str]:
+    """Finding kinds that ``attach(disable=...)`` accepts: one per shipped detector."""
+    from .detectors.registry import DETECTORS
+
+    return [cls.kind for cls in DETECTORS]
+
+
+def threshold_keys() -> dict[str, float]:
+    """Every ``"<kind>.<name>"`` key ``attach(thresholds=...)`` accepts, with its default,
+    as declared by the detectors (``thresholds`` class attribute)."""
+    from .detectors.registry import DETECTORS
+
+    keys: dict[str, float] = {}
+    for cls in DETECTORS:
+        for name, default in getattr(cls, "thresholds", {}).items():
+            keys[f"{cls.kind}.{name}"] = default
+    return keys
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _fail(option: str, expected: str, value: Any, next_check: Optional[str] = None,
+          headline: Optional[str] = None) -> OptionError:
+    return OptionError(
+        format_message(
+            headline or f"attach() option {option} is not valid",
+            expected=expected,
+            arrived=_describe(value),
+            next_check=next_check,
+        )
+    )
+
+
+def _closest(name: str, valid: Iterable[str]) -> list[str]:
+    """Up to three valid names close to ``name``; only the clear winner when there is one."""
+    scored = []
+    for v in valid:
+        ratio = difflib.SequenceMatcher(None, name, v).ratio()
+        if ratio >= 0.6:
+            scored.append((ratio, v))
+    scored.sort(key=lambda rv: -rv[0])
+    if not scored:
+        return []
+    best = scored[0][0]
+    return [v for r, v in scored[:3] if r >= best - 0.05]
+
+
+def _did_you_mean(name: str, valid: list[str]) -> str:
+    close = _closest(name, valid)
+    if close:
+        return "did you mean " + " or ".join(repr(c) for c in close) + "?"
+    return "valid names: " + ", ".join(repr(v) for v in valid)
+
 
 def _choice(name: str, value: Any, valid: tuple[str, ...], source: str = "") -> str:
     if not isinstance(value, str) or value not in valid:
         where = f" (from {source})" if source else ""
-        raise ValueError(
-            f"{name}={value!r}{where} is not valid: expected one of "
-            + ", ".join(repr(v) for v in valid)
+        hint = _did_you_mean(value, list(valid)) if isinstance(value, str) else None
+        raise _fail(
+            name,
+            "one of " + ", ".join(repr(v) for v in valid),
+            value,
+            hint,
+            headline=f"attach() option {name}={value!r}{where} is not valid",
         )
     return value
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        next_check = None
+        if isinstance(value, str):
+            next_check = f"pass a number, e.g. {name}={value.strip() or 0}" if value.strip().isdigit() else (
+                "pass a plain number of bytes, e.g. 2 << 30 for 2 GiB" if name.endswith("_bytes")
+                else "pass a plain number of steps"
+            )
+        raise _fail(name, what, value, next_check)
+    return int(value)
 
 
 @dataclasses.dataclass
@@ -71,12 +166,17 @@ class Options:
 
     @classmethod
     def build(cls, **kwargs: Any) -> Options:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - names)
+        names = sorted(f.name for f in dataclasses.fields(cls))
+        unknown = sorted(set(kwargs) - set(names))
         if unknown:
-            raise TypeError(
-                f"attach() got unknown option(s) {', '.join(unknown)}; "
-                f"expected some of {', '.join(sorted(names))}"
+            hints = [f"{u!r}: {_did_you_mean(u, names)}" for u in unknown]
+            raise OptionError(
+                format_message(
+                    f"attach() got unknown option(s) {', '.join(unknown)}",
+                    expected=f"some of {', '.join(names)}",
+                    arrived=", ".join(f"{u}=" for u in unknown),
+                    next_check="; ".join(hints),
+                )
             )
         opts = cls(**kwargs)
         opts.validate()
@@ -96,29 +196,83 @@ class Options:
         else:
             self.check = _choice("check", self.check, CHECK_MODES)
         self.blind_hooks = _choice("blind_hooks", self.blind_hooks, ("reset", "raise"))
-        self.flush_every = _positive_int("flush_every", self.flush_every)
-        self.log_every = _positive_int("log_every", self.log_every)
+        self.flush_every = _int("flush_every", self.flush_every, 1)
+        self.log_every = _int("log_every", self.log_every, 1)
+        if self.update_every is not None:
+            self.update_every = _int("update_every", self.update_every, 0)
+        self.update_copy_limit_bytes = _int("update_copy_limit_bytes", self.update_copy_limit_bytes, 0)
+        self.start_step = _int("start_step", self.start_step, 0)
         if self.module_log_every is not None:
-            self.module_log_every = _positive_int("module_log_every", self.module_log_every)
-        if isinstance(self.start_step, bool) or not isinstance(self.start_step, int) or self.start_step < 0:
-            raise ValueError(f"start_step must be an int >= 0, got {self.start_step!r}")
+            self.module_log_every = _int("module_log_every", self.module_log_every, 1)
         if self.step_source is not None and not callable(self.step_source):
-            raise TypeError(f"step_source must be a callable returning an int, got {type(self.step_source).__name__}")
-        if self.update_every is not None and (
-            isinstance(self.update_every, bool) or not isinstance(self.update_every, int) or self.update_every < 0
-        ):
-            raise ValueError(f"update_every must be an int >= 0, got {self.update_every!r}")
-        if self.log_dir is not None and not isinstance(self.log_dir, (str, os.PathLike)):
-            raise TypeError(f"log_dir must be a str or os.PathLike, got {type(self.log_dir).__name__}")
+            raise _fail("step_source", "a callable returning the next step's number, or None", self.step_source)
+        for flag in ("per_rank_logs", "sync_ranks"):
+            if not isinstance(getattr(self, flag), bool):
+                raise _fail(flag, "True or False", getattr(self, flag))
         if self.log_dir is not None:
+            if not isinstance(self.log_dir, (str, os.PathLike)):
+                raise _fail("log_dir", "a str or os.PathLike (a directory), or None", self.log_dir)
             self.log_dir = os.fspath(self.log_dir)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise TypeError(f"seed must be an int, got {type(self.seed).__name__}")
-        if isinstance(self.disable, str):
-            raise TypeError("disable must be a collection of finding kinds, not a single str")
-        self.disable = frozenset(self.disable)
-        if not isinstance(self.thresholds, dict):
-            raise TypeError(f"thresholds must be a dict, got {type(self.thresholds).__name__}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise _fail("seed", "an int, or None", self.seed)
+        self.disable = _disable(self.disable)
+        self.thresholds = _thresholds(self.thresholds)
+
+
+def _disable(value: Any) -> frozenset[str]:
+    kinds = finding_kinds()
+    example = "e.g. disable={'plateau'}"
+    if isinstance(value, str) or not isinstance(value, Iterable) or isinstance(value, Mapping):
+        hint = f"wrap it in a set: disable={{{value!r}}}" if isinstance(value, str) else (
+            f"leave it out to keep every check, or pass a set of finding kinds, {example}"
+        )
+        raise _fail("disable", "a set (or list) of finding kinds", value, hint)
+    out = set()
+    for kind in value:
+        if not isinstance(kind, str):
+            raise _fail("disable", f"finding kinds as str, {example}", kind,
+                        headline="attach() option disable holds a value that is not a finding kind")
+        if kind in _NOT_DISABLEABLE:
+            raise _fail("disable", "kinds that can be switched off: " + ", ".join(kinds), kind,
+                        f"{kind!r} cannot be disabled: {_NOT_DISABLEABLE[kind]}",
+                        headline=f"attach() option disable: {kind!r} cannot be switched off")
+        if kind not in kinds:
+            raise _fail("disable", "finding kinds: " + ", ".join(kinds), kind,
+                        _did_you_mean(kind, kinds),
+                        headline=f"attach() option disable: unknown finding kind {kind!r}")
+        out.add(kind)
+    return frozenset(out)
+
+
+def _thresholds(value: Any) -> dict[str, float]:
+    example = "e.g. thresholds={'dead_relu.fraction': 0.9}"
+    if not isinstance(value, Mapping):
+        raise _fail("thresholds", f"a dict of '<kind>.<name>': number, {example}", value,
+                    "leave it out to keep every default")
+    known = threshold_keys()
+    out: dict[str, float] = {}
+    for key, number in value.items():
+        if not isinstance(key, str) or key not in known:
+            valid = sorted(known)
+            prefix = key.partition(".")[0] + "." if isinstance(key, str) else ""
+            same_kind = [k for k in valid if prefix and k.startswith(prefix)]
+            hint = _did_you_mean(key, valid) if isinstance(key, str) and _closest(key, valid) else (
+                "keys of this detector: " + ", ".join(same_kind) if same_kind
+                else "valid keys: " + ", ".join(valid)
+            )
+            raise _fail("thresholds", f"keys '<kind>.<name>' declared by the detectors, {example}", key, hint,
+                        headline=f"attach() option thresholds: unknown key {key!r}")
+        default = known[key]
+        if isinstance(number, bool) or not isinstance(number, numbers.Real) or not math.isfinite(number):
+            raise _fail(f"thresholds[{key!r}]", f"a finite number (default {default!r})", number,
+                        headline=f"attach() option thresholds[{key!r}] is not a number")
+        if isinstance(default, int) and (not float(number).is_integer() or number < 1):
+            raise _fail(f"thresholds[{key!r}]", f"a whole number >= 1, a count of steps or samples (default {default})",
+                        number)
+        if number <= 0:
+            raise _fail(f"thresholds[{key!r}]", f"a number > 0 (default {default!r})", number)
+        out[key] = float(number)
+    return out
 
 
 def resolve_check_mode(check: str, device_type: str) -> str:
@@ -127,6 +281,3 @@ def resolve_check_mode(check: str, device_type: str) -> str:
     if check != "auto":
         return check
     return "immediate" if device_type == "cpu" else "deferred"
-
-
-OptimizerArg = Union[Any, list, tuple, None]

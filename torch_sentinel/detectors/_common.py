@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Optional
+from typing import Any, Optional
 
 from .._collect.records import StepRecord
 
-__all__ = ["common_module", "trained_rows"]
+__all__ = ["common_module", "threshold", "trained_rows"]
 
 
 def trained_rows(records: Iterable[StepRecord]) -> list[StepRecord]:
@@ -28,3 +28,10 @@ def common_module(owners: Iterable[Optional[str]]) -> str:
                 n += 1
             parts = parts[:n]
     return ".".join(parts or [])
+
+
+def threshold(detector: Any, name: str) -> float:
+    """``<kind>.<name>`` for ``detector``: the value given to ``attach(thresholds=...)``, else the
+    default the detector declares in its ``thresholds`` class attribute. Declaring every key
+    there is what lets ``attach()`` reject a misspelt one."""
+    return float(detector.ctx.threshold(f"{detector.kind}.{name}", type(detector).thresholds[name]))

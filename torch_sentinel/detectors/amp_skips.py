@@ -9,9 +9,11 @@ themselves are inf/NaN at every step.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from .._collect.records import StepRecord
 from .._findings import Finding
+from ._common import threshold
 from .base import Detector, RunContext
 
 __all__ = ["AmpSkipsDetector"]
@@ -20,10 +22,12 @@ __all__ = ["AmpSkipsDetector"]
 class AmpSkipsDetector(Detector):
     kind = "amp_skips"
     boundary = "gradients"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"consecutive": 30}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.consecutive = int(ctx.threshold("amp_skips.consecutive", 30))
+        self.consecutive = int(threshold(self, "consecutive"))
         self._run_start = -1
         self._run_len = 0
         self._skipped = 0

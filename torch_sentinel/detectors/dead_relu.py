@@ -15,7 +15,7 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from .._collect.records import StepRecord
 from .._collect.relu import ReluSite, ReluWatch
 from .._collect.transfer import AsyncFetch
 from .._findings import Finding
+from ._common import threshold
 from .base import Detector, RunContext
 
 __all__ = ["DeadReluDetector"]
@@ -32,12 +33,14 @@ __all__ = ["DeadReluDetector"]
 class DeadReluDetector(Detector):
     kind = "dead_relu"
     boundary = "forward"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"fraction": 0.7, "min_steps": 20, "every": 1}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.fraction = ctx.threshold("dead_relu.fraction", 0.7)
-        self.min_steps = int(ctx.threshold("dead_relu.min_steps", 20))
-        self.watch = ReluWatch(every=int(ctx.threshold("dead_relu.every", 1)))
+        self.fraction = threshold(self, "fraction")
+        self.min_steps = int(threshold(self, "min_steps"))
+        self.watch = ReluWatch(every=int(threshold(self, "every")))
         self._pending: Optional[tuple[list[ReluSite], list[int], AsyncFetch, int]] = None
         self._last_step = 0
         self._latest: dict[str, float] = {}

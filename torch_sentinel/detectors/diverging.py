@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar, Optional
 
 from .._collect.records import StepRecord
 from .._findings import Finding
+from ._common import threshold
 from ._curve import SMOOTH, SmoothedLoss
 from .base import Detector, RunContext
 
@@ -34,10 +35,12 @@ _HOLD = 3
 class DivergingDetector(Detector):
     kind = "diverging"
     boundary = "curves"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"factor": 2.0}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.factor = ctx.threshold("diverging.factor", 2.0)
+        self.factor = threshold(self, "factor")
         self.loss = SmoothedLoss()
         self._run = 0
         self._run_onset: Optional[int] = None

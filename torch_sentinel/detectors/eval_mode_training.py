@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from .._collect.compat import is_compiling as _is_compiling
 from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._findings import Finding
+from ._common import threshold
 from .base import Detector, RunContext
 
 __all__ = ["EvalModeTrainingDetector"]
@@ -36,10 +37,12 @@ class EvalModeTrainingDetector(Detector, Probe):
 
     kind = "eval_mode_training"
     boundary = "forward"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"min_steps": 2}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.min_steps = int(ctx.threshold("eval_mode_training.min_steps", 2))
+        self.min_steps = int(threshold(self, "min_steps"))
         self._candidates: list[tuple[str, weakref.ref[nn.Module], weakref.ref[nn.Module]]] = []
         self._root: Any = None
         self._host: Optional[ProbeHost] = None

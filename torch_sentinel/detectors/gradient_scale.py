@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from .._collect.probe import Probe, ProbeHost
 from .._collect.probes.clip import preclip_grad_norms
 from .._collect.records import StepRecord
 from .._findings import Finding
-from ._common import trained_rows
+from ._common import threshold, trained_rows
 from .base import Detector, RunContext
 
 __all__ = ["ExplodingGradientDetector", "VanishingGradientDetector", "layer_norms"]
@@ -82,7 +82,7 @@ class _GradientScale(Detector):
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.min_steps = int(ctx.threshold(f"{self.kind}.min_steps", 5))
+        self.min_steps = int(threshold(self, "min_steps"))
         self._layers: Optional[list[tuple[str, list[str]]]] = None
         # Bounded: the medians look at the last 20 steps; growth compares with the first steps.
         window = max(self.min_steps, 20)
@@ -155,6 +155,8 @@ class _GradientScale(Detector):
 
 class VanishingGradientDetector(_GradientScale, Probe):
     kind = "vanishing_gradient"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5, "ratio": 1e-3, "first_norm": 1e-4}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
@@ -184,8 +186,8 @@ class VanishingGradientDetector(_GradientScale, Probe):
         if m is None:
             return []
         ratio, first, last, fl, ll, steps = m
-        lim_ratio = self.ctx.threshold("vanishing_gradient.ratio", 1e-3)
-        lim_first = self.ctx.threshold("vanishing_gradient.first_norm", 1e-4)
+        lim_ratio = threshold(self, "ratio")
+        lim_first = threshold(self, "first_norm")
         if not (ratio < lim_ratio and first < lim_first):
             return []
         self._reported = True
@@ -201,10 +203,12 @@ class VanishingGradientDetector(_GradientScale, Probe):
 
 class ExplodingGradientDetector(_GradientScale):
     kind = "exploding_gradient"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5, "ratio": 70.0, "growth": 1e3}
 
     def verdict(self) -> list[Finding]:
-        lim_ratio = self.ctx.threshold("exploding_gradient.ratio", 70.0)
-        growth = self.ctx.threshold("exploding_gradient.growth", 1e3)
+        lim_ratio = threshold(self, "ratio")
+        growth = threshold(self, "growth")
         m = self._median(self._signal)
         if m is not None and m[0] > lim_ratio:
             ratio, first, last, fl, ll, steps = m

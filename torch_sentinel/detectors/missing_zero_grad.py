@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._findings import Finding
-from ._common import trained_rows
+from ._common import threshold, trained_rows
 from .base import Detector, RunContext
 
 __all__ = ["MissingZeroGradDetector"]
@@ -30,10 +31,12 @@ class MissingZeroGradDetector(Detector, Probe):
 
     kind = "missing_zero_grad"
     boundary = "gradients"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"min_steps": 3}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.min_steps = int(ctx.threshold("missing_zero_grad.min_steps", 3))
+        self.min_steps = int(threshold(self, "min_steps"))
         self._run: list[tuple[int, float, float]] = []
         self._reported = False
         self._enabled = True

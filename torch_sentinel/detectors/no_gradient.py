@@ -19,10 +19,11 @@ parameter: one step could be a branch skipped by chance, five in a row is a wiri
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from .._collect.records import StepRecord
 from .._findings import Finding
-from ._common import common_module, trained_rows
+from ._common import common_module, threshold, trained_rows
 from .base import Detector, RunContext
 from .unregistered_parameter import GRAPH_CUT
 
@@ -32,10 +33,12 @@ __all__ = ["NoGradientDetector"]
 class NoGradientDetector(Detector):
     kind = "no_gradient"
     boundary = "gradients"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.min_steps = int(ctx.threshold("no_gradient.min_steps", 5))
+        self.min_steps = int(threshold(self, "min_steps"))
         self._steps = 0
         self._first_step: dict[str, int] = {}
         self._ever: set[str] = set()

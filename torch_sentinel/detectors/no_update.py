@@ -23,14 +23,14 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 
 from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._findings import Finding
-from ._common import common_module
+from ._common import common_module, threshold
 from .base import Detector, RunContext
 from .unregistered_parameter import GRAPH_CUT
 
@@ -45,10 +45,12 @@ _RESOLUTION = 1e-5
 class NoUpdateDetector(Detector, Probe):
     kind = "no_update"
     boundary = "updates"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"min_still": 3}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.min_still = int(ctx.threshold("no_update.min_still", 3))
+        self.min_still = int(threshold(self, "min_still"))
         self._prev: Optional[StepRecord] = None
         self._still: dict[str, list[int]] = {}
         self._max_lr = 0.0

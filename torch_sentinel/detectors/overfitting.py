@@ -10,11 +10,13 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from .._collect.records import StepRecord
 from .._findings import Finding
+from ._common import threshold
 from ._curve import ValidationCurve
 from .base import Detector, RunContext
 
@@ -24,11 +26,13 @@ __all__ = ["OverfittingDetector"]
 class OverfittingDetector(Detector):
     kind = "overfitting"
     boundary = "curves"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"rise": 0.1, "patience": 2}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.rise = ctx.threshold("overfitting.rise", 0.1)
-        self.patience = int(ctx.threshold("overfitting.patience", 2))
+        self.rise = threshold(self, "rise")
+        self.patience = int(threshold(self, "patience"))
         self.history = ValidationCurve()
         self._reported = False
 

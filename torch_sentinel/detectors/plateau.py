@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar, Optional
 
 from .._collect.loss_inputs import LossInputs
 from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Finding
+from ._common import threshold
 from ._curve import SmoothedLoss
 from .base import Detector, RunContext
 
@@ -29,11 +30,13 @@ __all__ = ["PlateauDetector"]
 class PlateauDetector(Detector):
     kind = "plateau"
     boundary = "curves"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"min_steps": 30, "improvement": 0.03}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.min_steps = int(ctx.threshold("plateau.min_steps", 30))
-        self.improvement = ctx.threshold("plateau.improvement", 0.03)
+        self.min_steps = int(threshold(self, "min_steps"))
+        self.improvement = threshold(self, "improvement")
         self.loss = SmoothedLoss()
         self._inputs: Optional[LossInputs] = LossInputs.shared(ctx.extras)
         self._reported = False

@@ -15,12 +15,13 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar, Optional
 
 from .._collect.loss_inputs import LossInputs
 from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Finding
+from ._common import threshold
 from .base import Detector, RunContext
 
 __all__ = ["ProbabilitiesAsLogitsDetector"]
@@ -29,11 +30,13 @@ __all__ = ["ProbabilitiesAsLogitsDetector"]
 class ProbabilitiesAsLogitsDetector(Detector):
     kind = "probabilities_as_logits"
     boundary = "loss"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"tolerance": 1e-3, "min_probes": 3}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.tolerance = ctx.threshold("probabilities_as_logits.tolerance", 1e-3)
-        self.min_probes = int(ctx.threshold("probabilities_as_logits.min_probes", 3))
+        self.tolerance = threshold(self, "tolerance")
+        self.min_probes = int(threshold(self, "min_probes"))
         self._hits: list[tuple[int, str, float, float, float]] = []
         self._probes = 0
         self._count = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._collect.saturation import SaturationWatch
 from .._findings import Finding
+from ._common import threshold
 from .base import Detector, RunContext
 
 __all__ = ["SaturationDetector"]
@@ -28,11 +30,13 @@ __all__ = ["SaturationDetector"]
 class SaturationDetector(Detector):
     kind = "saturation"
     boundary = "forward"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"fraction": 0.5, "min_samples": 3}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.fraction = ctx.threshold("saturation.fraction", 0.5)
-        self.min_samples = int(ctx.threshold("saturation.min_samples", 3))
+        self.fraction = threshold(self, "fraction")
+        self.min_samples = int(threshold(self, "min_samples"))
         self.watch = SaturationWatch()
         self._samples: dict[str, collections.deque[tuple[int, float]]] = {}
         self._reported: set[str] = set()

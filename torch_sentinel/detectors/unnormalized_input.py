@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._collect.transfer import AsyncFetch
 from .._findings import Finding
+from ._common import threshold
 from .base import Detector, RunContext
 
 __all__ = ["UnnormalizedInputDetector"]
@@ -35,12 +36,14 @@ _NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm",
 class UnnormalizedInputDetector(Detector):
     kind = "unnormalized_input"
     boundary = "data"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"scale": 10.0, "tiny": 1e-2, "min_steps": 3}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.scale = ctx.threshold("unnormalized_input.scale", 10.0)
-        self.tiny = ctx.threshold("unnormalized_input.tiny", 1e-2)
-        self.min_steps = int(ctx.threshold("unnormalized_input.min_steps", 3))
+        self.scale = threshold(self, "scale")
+        self.tiny = threshold(self, "tiny")
+        self.min_steps = int(threshold(self, "min_steps"))
         self.stats = InputStats()
         # Bounded: the verdict is a median over the most recent sampled steps.
         self._samples: collections.deque[tuple[int, float, float, float, float]] = collections.deque(maxlen=50)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 
@@ -29,7 +29,7 @@ from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
 from .._collect.tensors import iter_tensors
 from .._findings import Finding
-from ._common import common_module
+from ._common import common_module, threshold
 from .base import Detector, RunContext
 
 __all__ = ["GRAPH_CUT", "UnregisteredParameterDetector"]
@@ -41,10 +41,12 @@ GRAPH_CUT = "graph_cut"
 class UnregisteredParameterDetector(Detector, Probe):
     kind = "unregistered_parameter"
     boundary = "updates"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"walk_every": 500}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.walk_every = int(ctx.threshold("unregistered_parameter.walk_every", 500))
+        self.walk_every = int(threshold(self, "walk_every"))
         self._host: Optional[ProbeHost] = None
         self._walking = False
         self._known: set[int] = set()

@@ -18,12 +18,13 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import numpy as np
 
 from .._collect.records import StepRecord
 from .._findings import Finding
-from ._common import trained_rows
+from ._common import threshold, trained_rows
 from .base import Detector, RunContext
 from .gradient_scale import _layers
 
@@ -33,12 +34,14 @@ __all__ = ["UpdateRatioDetector"]
 class UpdateRatioDetector(Detector):
     kind = "update_ratio"
     boundary = "updates"
+    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
+    thresholds: ClassVar[dict[str, float]] = {"high": 0.1, "low": 1e-7, "min_samples": 3}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
-        self.high = ctx.threshold("update_ratio.high", 0.1)
-        self.low = ctx.threshold("update_ratio.low", 1e-7)
-        self.min_samples = int(ctx.threshold("update_ratio.min_samples", 3))
+        self.high = threshold(self, "high")
+        self.low = threshold(self, "low")
+        self.min_samples = int(threshold(self, "min_samples"))
         self._samples: collections.deque[tuple[int, float, str, float]] = collections.deque(maxlen=self.min_samples)
         self._weights: list[str] = []
         self._reported = False
