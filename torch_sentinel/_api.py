@@ -7,6 +7,7 @@ at the next hook or step call after their copy to the host has landed.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
@@ -39,7 +40,28 @@ __all__ = ["Sentinel", "attach"]
 
 logger = logging.getLogger("torch_sentinel")
 
-_ATTACHED: weakref.WeakKeyDictionary[nn.Module, Sentinel] = weakref.WeakKeyDictionary()
+#: The sentinel attached to each model. Both sides are weak: the registry must never be what
+#: keeps a model (or its sentinel) alive after the user dropped them.
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, weakref.ref[Sentinel]] = weakref.WeakKeyDictionary()
+#: Every sentinel still attached, closed at interpreter exit if the user never detached it.
+_LIVE: weakref.WeakSet[Sentinel] = weakref.WeakSet()
+_exit_hook_installed = False
+
+
+def _close_all_at_exit() -> None:
+    """The README's loop never calls detach(): at interpreter exit, the last window still goes
+    through the detectors and the sinks, and the manifest gets its result."""
+    for sentinel in list(_LIVE):
+        sentinel._close_unattended()
+
+
+def _install_exit_hook() -> None:
+    # Registered at the first attach(), not at import: atexit runs handlers last-in first-out,
+    # so ours runs before anything registered earlier (logging's shutdown among them).
+    global _exit_hook_installed
+    if not _exit_hook_installed:
+        atexit.register(_close_all_at_exit)
+        _exit_hook_installed = True
 
 OptimizerArg = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None]
 
@@ -240,8 +262,26 @@ class Sentinel:
             self._safe(self._run_record.close)
             for sink in self._sinks:
                 self._safe(sink.close)
-            if _ATTACHED.get(self._root) is self:
+            ref = _ATTACHED.get(self._root)
+            if ref is not None and ref() is self:
                 del _ATTACHED[self._root]
+            _LIVE.discard(self)
+
+    def _close_unattended(self) -> None:
+        """Detach without the user: at interpreter exit, or when the sentinel is collected.
+        Nothing may escape from here (there is no caller to catch it)."""
+        try:
+            self._detach(quiet=True)
+        except BaseException as exc:
+            logger.warning("torch_sentinel: closing the sentinel failed: %s", exc)
+
+    def __del__(self) -> None:
+        # A model and sentinel dropped without detach() (a notebook cell run again, a sweep)
+        # are collected together; close here so that the last window reaches the sinks and the
+        # process-wide patches go once the last sentinel is gone. getattr: the constructor
+        # may have failed before _detached existed.
+        if not getattr(self, "_detached", True):
+            self._close_unattended()
 
     def __enter__(self) -> Sentinel:
         return self
@@ -405,7 +445,8 @@ def attach(
         log_dir=log_dir, check=check, flush_every=flush_every, on_nonfinite=on_nonfinite, **options
     )
     root = unwrap_model(model)
-    existing = _ATTACHED.get(root)
+    ref = _ATTACHED.get(root)
+    existing = ref() if ref is not None else None
     if existing is not None and existing.attached:
         raise SentinelError(
             format_message(
@@ -426,5 +467,7 @@ def attach(
                 stacklevel=2,
             )
     sentinel = Sentinel(model, optimizers, opts)
-    _ATTACHED[root] = sentinel
+    _ATTACHED[root] = weakref.ref(sentinel)
+    _LIVE.add(sentinel)
+    _install_exit_hook()
     return sentinel
