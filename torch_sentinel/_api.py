@@ -161,7 +161,11 @@ class Sentinel:
             c.install()
             install_shape_notes(self)
         except BaseException:
+            # Nothing half-installed stays behind: hooks, patches, open event files.
+            self._detached = True
             c.close()
+            for sink in self._sinks:
+                self._safe(sink.close)
             raise
         for d in self._detectors:
             self._add_findings(d.at_attach(), write=True)

@@ -7,8 +7,15 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from userscript import events, findings, manifest, readme_first_example, run_script, steps_of, value_at
-
+from userscript import (
+    events,
+    findings,
+    manifest,
+    readme_first_example,
+    run_script,
+    steps_of,
+    value_at,
+)
 
 
 def test_readme_first_example_verbatim_loses_no_step(tmp_path: pathlib.Path) -> None:

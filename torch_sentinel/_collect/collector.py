@@ -27,7 +27,7 @@ from .._errors import SentinelError
 from .compat import is_compiling as _is_compiling
 from .dtypes import DtypePolicy
 from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
-from .hookset import HookSet
+from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
 from .listeners import BackwardListener, ScaleListener, ScalerStepListener
 from .model_map import ModelMap, trainable_params
@@ -46,6 +46,8 @@ from .probes import (
 from .records import StepMeta, StepRecord
 from .tensors import iter_tensors, reducible, tensor_evidence
 from .transfer import HostRing, read_now
+from .unwatched import Unwatched
+from .unwatched import functorch_active as _functorch_active
 
 __all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence", "weight_fault"]
 
@@ -120,6 +122,8 @@ class Collector:
         self.add_probe(self.amp)
         self.add_probe(StepProbe())
         self._post_order = _post_order(self.module_names)
+        #: One warning per kind of evidence the probes cannot read (see unwatched.py).
+        self._unwatched = Unwatched()
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(self.module_names))]
         self._grad_prehooks = [functools.partial(self._on_node_grads, i, 0) for i in range(len(self.module_names))]
         self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows, dtype=self.ledger.dtype)
@@ -179,14 +183,14 @@ class Collector:
 
     def install(self) -> None:
         root = self.map.root
-        self.hooks.add(root.register_forward_pre_hook(self._on_root_inputs, with_kwargs=True))
-        self.hooks.add(root.register_forward_hook(self._on_root_exit, always_call=True))
+        self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
+        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
         # A container whose forward is never called (Lightning's training_step calling
         # self.discriminator(imgs)): what enters a top-level submodule from user code is data.
         for child in root.children():
-            self.hooks.add(child.register_forward_pre_hook(self._on_entry, with_kwargs=True))
+            self.hooks.add(child.register_forward_pre_hook(ModuleHook(self._on_entry), with_kwargs=True))
         for i, (_, module) in enumerate(self.map.modules):
-            self.hooks.add(module.register_forward_hook(functools.partial(self._on_output, i)))
+            self.hooks.add(module.register_forward_hook(ModuleHook(self._on_output, i)))
         for opt in self.optimizers:
             self.hooks.add(opt.register_step_pre_hook(self._on_pre_step))
             self.hooks.add(opt.register_step_post_hook(self._on_post_step))
@@ -248,10 +252,19 @@ class Collector:
         rest = [i for i in self._post_order if i not in self._forward_seq]
         return seen + rest
 
+    def _in_transform(self) -> bool:
+        """Inside ``torch.func.grad``/``vmap``/``jacrev``, tensors are functorch wrappers: an
+        in-place write into a slot is refused (grad) or has no batching rule (vmap). Those
+        calls are not training steps of the model; they are skipped, with one warning."""
+        if not _functorch_active():
+            return False
+        self._unwatched.transform()
+        return True
+
     # ------------------------------------------------------------------ forward events
     def _on_root_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._root_depth += 1
-        if self.disabled or not torch.is_grad_enabled():
+        if self.disabled or not torch.is_grad_enabled() or self._in_transform():
             return None
         compiling = _is_compiling()
         if not compiling and self.ring.head > self.ring.tail:
@@ -295,13 +308,14 @@ class Collector:
                 first = first and not main
 
     def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
-        if self.disabled or not torch.is_grad_enabled():
+        if self.disabled or not torch.is_grad_enabled() or self._in_transform():
             return None
         compiling = _is_compiling()
         self._forward_since_backward = True
         subs = self._out_subs[slot]
         for t in (output,) if type(output) is torch.Tensor else iter_tensors(output):
             if not reducible(t):
+                self._unwatched.output(t, self.module_names[slot], module)
                 continue
             if compiling:
                 self.traced = True  # runs once, while tracing: host checks are off from now on
@@ -340,7 +354,7 @@ class Collector:
         return None
 
     def _on_output_grad(self, slot: int, grad: Optional[torch.Tensor]) -> None:
-        if self.disabled or grad is None or not reducible(grad):
+        if self.disabled or grad is None or not reducible(grad) or self._in_transform():
             return None
         self._emit(self._subs["on_output_grad"], slot, grad)
         return None
@@ -351,7 +365,7 @@ class Collector:
             self.amp.on_scale(scaler, outputs, result)
 
     def before_backward(self, tensors: Any) -> None:
-        if self.disabled:
+        if self.disabled or self._in_transform():
             return
         if isinstance(tensors, (list, tuple)):
             if len(tensors) != 1:

@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from torch.utils.hooks import RemovableHandle
 
 from .patches import Patch, PatchListener
 
-__all__ = ["HookSet"]
+__all__ = ["HookSet", "ModuleHook"]
+
+
+def _inert(*args: Any, **kwargs: Any) -> None:
+    """What a copied or unpickled module gets in place of a sentinel hook: nothing."""
+    return None
+
+
+def _make_inert() -> Any:
+    return _inert
+
+
+class ModuleHook(functools.partial):
+    """A hook stored in a module's hook dicts: ``ModuleHook(fn, *args)`` calls ``fn(*args, ...)``.
+
+    A module keeps its hooks in plain dicts, so ``copy.deepcopy(model)`` (EMA copies,
+    ``swa_utils.AveragedModel``, best-model snapshots) and ``torch.save(model)`` would copy or
+    pickle the whole sentinel behind them (locks, writers, the ledger) and fail, or instrument
+    the copy. A ModuleHook deep-copies and pickles as an inert function: the copy works and is
+    not watched. It is a ``functools.partial``, so calling it adds no Python frame.
+    """
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return _inert
+
+    def __reduce__(self) -> Any:
+        return (_make_inert, ())
 
 
 class HookSet:

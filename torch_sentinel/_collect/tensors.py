@@ -8,13 +8,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # not in the stubs
 
 from .records import TensorEvidence
 from .transfer import read_now
 
 __all__ = [
     "NATIVE_DTYPES", "STANDARD_LAYERS", "VALUE_PRESERVING", "all_finite", "foreach_norms", "iter_tensors",
-    "reduces", "reducible", "tensor_evidence",
+    "materialized", "nbytes", "reduces", "reducible", "tensor_evidence", "unwatched_kind",
 ]
 
 #: Floating dtypes every reduction supports on every device; others (float8, float4) are
@@ -45,7 +46,31 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
 
 def reducible(t: torch.Tensor) -> bool:
     """A tensor whose min/max can be folded into a slot: dense, floating, non-empty."""
-    return t.is_floating_point() and not t.is_meta and not t.is_sparse and t.numel() > 0
+    return (t.is_floating_point() and not t.is_meta and not t.is_sparse and not t.is_nested
+            and t.numel() > 0)
+
+
+def unwatched_kind(t: torch.Tensor) -> str:
+    """Why a module output is not reduced, when something that could hold a NaN is lost ("" when
+    nothing is: integer and bool tensors cannot hold NaN or Inf, empty ones hold nothing)."""
+    if t.is_nested:
+        return "nested tensors"
+    if t.is_sparse:
+        return "sparse tensors"
+    if t.is_complex():
+        return "complex tensors"
+    return ""
+
+
+def materialized(p: torch.Tensor) -> bool:
+    """False for the parameters of a lazy module (``nn.LazyLinear``) before its first forward:
+    they have no shape yet, and any torch op on them raises."""
+    return not isinstance(p, UninitializedTensorMixin)
+
+
+def nbytes(p: torch.Tensor) -> int:
+    """Bytes held by ``p``; 0 while it is an uninitialised lazy parameter."""
+    return p.numel() * p.element_size() if materialized(p) else 0
 
 
 #: Modules that cannot turn finite inputs into non-finite outputs: activations, dropout,

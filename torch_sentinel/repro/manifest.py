@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .._collect.records import StepRecord
+from .._collect.tensors import materialized
 from .seed import determinism_flags, last_seed
 
 __all__ = ["MANIFEST_NAME", "build_manifest", "finalize", "git_state", "load_manifest", "write_manifest"]
@@ -88,7 +89,7 @@ def _optimizers(optimizers: Sequence[torch.optim.Optimizer]) -> list[dict[str, A
         groups = []
         for g in opt.param_groups:
             hp = {k: _plain(v) for k, v in g.items() if k not in _HYPERPARAMS_SKIPPED}
-            hp["num_params"] = sum(p.numel() for p in g["params"])
+            hp["num_params"] = sum(p.numel() for p in g["params"] if materialized(p))
             if "name" in g:
                 hp["name"] = str(g["name"])
             groups.append(hp)
@@ -120,8 +121,9 @@ def build_manifest(
         "cwd": os.getcwd(),
         "model": {
             "type": f"{type(model).__module__}.{type(model).__qualname__}",
-            "parameters": sum(p.numel() for p in params),
-            "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+            # Lazy modules' parameters have no size before their first forward.
+            "parameters": sum(p.numel() for p in params if materialized(p)),
+            "trainable_parameters": sum(p.numel() for p in params if p.requires_grad and materialized(p)),
         },
         "optimizers": _optimizers(optimizers),
         "rank": rank,

@@ -14,7 +14,6 @@ when an exception is already propagating.
 
 from __future__ import annotations
 
-import functools
 import re
 import sys
 from typing import Any, Callable, Optional
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from .._collect.compat import is_compiling as _is_compiling
-from .._collect.hookset import HookSet
+from .._collect.hookset import HookSet, ModuleHook
 from .._collect.probe import Probe
 from .._collect.tensors import iter_tensors
 from .._errors import SentinelError, ShapeContractError
@@ -174,7 +173,7 @@ class ShapeNotes(Probe):
         self._produced: dict[int, tuple[int, torch.Size]] = {}
         self._limit = 4 * len(modules) + 64
         for slot, (_, module) in enumerate(modules):
-            hooks.add(module.register_forward_hook(functools.partial(self._on_output, slot), always_call=True))
+            hooks.add(module.register_forward_hook(ModuleHook(self._on_output, slot), always_call=True))
 
     def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """At each root forward: forget earlier calls' tensors, remember the batch's."""
@@ -183,7 +182,8 @@ class ShapeNotes(Probe):
         produced = self._produced
         produced.clear()
         for t in iter_tensors((args, kwargs)):
-            produced[id(t)] = (-1, t.shape)
+            if not t.is_nested:  # a nested tensor has no single shape
+                produced[id(t)] = (-1, t.shape)
 
     def _on_output(self, slot: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if output is None:
@@ -196,11 +196,12 @@ class ShapeNotes(Probe):
         produced = self._produced
         if len(produced) > self._limit:
             produced.clear()
-        if type(output) is torch.Tensor:
+        if type(output) is torch.Tensor and not output.is_nested:
             produced[id(output)] = (slot, output.shape)
         else:
             for t in iter_tensors(output):
-                produced[id(t)] = (slot, t.shape)
+                if not t.is_nested:  # a nested tensor has no single shape
+                    produced[id(t)] = (slot, t.shape)
 
     def producer(self, t: torch.Tensor, slot: int) -> str:
         hit = self._produced.get(id(t))

@@ -17,7 +17,7 @@ import torch
 from ..ledger import FLOAT_MAX
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
-from ..tensors import all_finite, foreach_norms, reduces
+from ..tensors import all_finite, foreach_norms, materialized, reduces
 
 __all__ = ["NormsProbe"]
 
@@ -50,9 +50,11 @@ class NormsProbe(Probe):
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         host = self.host
-        grads = [p.grad for p in host.param_tensors]
+        grads = [_dense(p.grad) for p in host.param_tensors]
         if self._weights_due():
-            weights: list[Optional[torch.Tensor]] = [p.detach() for p in host.param_tensors]
+            weights: list[Optional[torch.Tensor]] = [
+                p.detach() if materialized(p) else None for p in host.param_tensors
+            ]
             missing = self.copy_norms(self.grad_block.start, grads + weights, self._sharded_pairs)
             host.meta.weights_recorded = True
         else:
@@ -65,7 +67,7 @@ class NormsProbe(Probe):
         """Gradients already present before a step's first backward were not cleared."""
         host = self.host
         # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
-        stale = [local(p.grad) for p in host.param_tensors if p.grad is not None]
+        stale = [local(g) for g in (_dense(p.grad) for p in host.param_tensors) if g is not None]
         host.meta.stale_grads = len(stale)
         stale = [g for g in stale if reduces(g.dtype, g.device)]
         if stale and host.step > 0:
@@ -160,3 +162,12 @@ class NormsProbe(Probe):
                 name = host.params[i % len(host.params)][0]
                 if name not in host.meta.norm_overflow:  # gradient and weight: once each
                     host.meta.norm_overflow.append(name)
+
+
+def _dense(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The values of a sparse gradient (``nn.Embedding(sparse=True)``), whose L2 norm is the
+    gradient's: ``_foreach_norm`` takes dense tensors only. Coalescing sums the entries of
+    repeated indices first; it runs only for sparse gradients."""
+    if grad is not None and grad.is_sparse:
+        return grad.coalesce()._values()
+    return grad

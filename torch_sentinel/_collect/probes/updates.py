@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from ..probe import Probe, ProbeHost
-from ..tensors import reduces
+from ..tensors import nbytes, reduces
 from .norms import NormsProbe
 
 __all__ = ["KEEP_UPDATE_COPY_BYTES", "UpdateProbe"]
@@ -33,7 +33,8 @@ class UpdateProbe(Probe):
     def setup(self, host: ProbeHost) -> None:
         self.host = host
         self.block = host.ledger.add_block("update_norm", [n for n, _ in host.params])
-        self.copy_bytes = sum(p.numel() * p.element_size() for p in host.param_tensors)
+        # Lazy parameters count as 0 until they materialise (they have no size yet).
+        self.copy_bytes = sum(nbytes(p) for p in host.param_tensors)
 
     def _watched(self) -> list[torch.Tensor]:
         """The parameters whose updates can be measured: a dtype torch cannot subtract or
