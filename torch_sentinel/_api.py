@@ -100,6 +100,11 @@ class Sentinel:
         self._window: list[StepRecord] = []
         self._recent: collections.deque[StepRecord] = collections.deque(maxlen=64)
         self._nonfinite_reported = False
+        self._flushing = False
+        #: The last step a NonFiniteError was raised for (-1: none yet).
+        self._raised_through = -1
+        #: NonFiniteErrors raised so far (under on_nonfinite="raise", one per faulty step).
+        self.nonfinite_raised = 0
         self._notes: list[dict[str, Any]] = []
         #: Called with (error, sentinel) before a NonFiniteError is raised or recorded.
         self.on_nonfinite_callbacks: list[Callable[[NonFiniteError, Sentinel], None]] = []
@@ -216,12 +221,16 @@ class Sentinel:
     def flush(self) -> None:
         """Bring every pending row to the host and run the detectors (cold path: may sync)."""
         if not self._detached:
-            self._collector.drain(block=True)
-            if self._ranks is not None:
-                self._ranks.settle()
-            pending = self._collector.take_pending_validation()
-            if pending is not None:
-                self._on_record(pending)
+            self._flushing = True
+            try:
+                self._collector.drain(block=True)
+                if self._ranks is not None:
+                    self._ranks.settle()
+                pending = self._collector.take_pending_validation()
+                if pending is not None:
+                    self._on_record(pending)
+            finally:
+                self._flushing = False
         self._flush_window()
 
     def report(self, *, all_ranks: Optional[bool] = None) -> Report:
@@ -303,17 +312,38 @@ class Sentinel:
             self._liveness.observe(record, self._collector.step)
         self._window.append(record)
         self._recent.append(record)
-        fault = None if self._nonfinite_reported else locate(record, self.context, self._core_width)
+        fault = locate(record, self.context, self._core_width) if self._watching(record.step) else None
         if fault is not None:
             self._flush_window()
             self._handle_fault(fault)
         elif len(self._window) >= self.options.flush_every:
             self._flush_window()
 
+    def _watching(self, step: int) -> bool:
+        """Whether a non-finite value at ``step`` is still reported. Under "raise", every step
+        with one raises (a loop that catches the error and skips the batch stays protected);
+        under "warn" and "record", the first one is reported and later ones are consequences."""
+        if not self._nonfinite_reported:
+            return True
+        # flush(), report() and detach() are not training steps: once the user was told, rows
+        # they bring to the host are consequences, not a new batch to skip.
+        return self.options.on_nonfinite == "raise" and step > self._raised_through and not self._flushing
+
     def _on_immediate_fault(self, fault: Fault) -> None:
-        if self._nonfinite_reported:
+        # Under "raise" the row of a raised step was abandoned: a fault at the same step number
+        # is the next batch, after the loop skipped the bad one.
+        if self._nonfinite_reported and self.options.on_nonfinite != "raise":
             return
-        self._handle_fault(first_fault_in_row(self._collector, self.context, self._core_width, fault))
+        fault = first_fault_in_row(self._collector, self.context, self._core_width, fault)
+        if self._ranks is None and self.options.on_nonfinite == "raise" and not _overflow_only(fault):
+            # The error leaves from inside a hook, mid-step: the rows before it and what this
+            # step saw up to the fault (the nonfinite/* point at the bad step) reach the sinks
+            # first, and the step starts again from clean slots if the loop skips the batch.
+            partial = self._collector.abandon_row()
+            self._flush_window()
+            for sink in self._sinks:
+                self._safe(sink.write, [partial], [])
+        self._handle_fault(fault)
 
     def _handle_fault(self, fault: Fault) -> None:
         if self._ranks is not None:
@@ -328,20 +358,25 @@ class Sentinel:
         self._raise_fault(fault, rank)
 
     def _raise_fault(self, fault: Fault, rank: Optional[int]) -> None:
-        ev = fault.evidence
-        if ev.nan == 0 and ev.posinf == 0 and ev.neginf == 0:
+        if _overflow_only(fault):
             # Exact counts of the tensor itself found nothing: every value is finite in its own
             # dtype, so only a statistic of it overflowed. Never a NonFiniteError.
             logger.warning("torch_sentinel: a statistic at step %d (%s, %s) overflowed although the tensor "
                            "is finite; not reported as non-finite", fault.step, fault.boundary, fault.module)
             return
+        first = not self._nonfinite_reported
         self._nonfinite_reported = True
-        self._collector.immediate = False  # one report per run; later steps are consequences
-        err = self._nonfinite.error(fault, list(self._recent), rank=rank)
-        self._add_findings([self._nonfinite.finding(err)], write=True)
-        for callback in self.on_nonfinite_callbacks:
-            self._safe(callback, err, self)
+        self._raised_through = max(self._raised_through, fault.step)
         policy = self.options.on_nonfinite
+        if policy != "raise":
+            self._collector.immediate = False  # one report per run; later steps are consequences
+        err = self._nonfinite.error(fault, list(self._recent), rank=rank)
+        if first:
+            # Logged once (finding, console, incident bundle); raised every time.
+            self._add_findings([self._nonfinite.finding(err)], write=True)
+            for callback in self.on_nonfinite_callbacks:
+                self._safe(callback, err, self)
+        self.nonfinite_raised += policy == "raise"
         if policy == "raise":
             raise err
         if policy == "warn":
@@ -395,6 +430,12 @@ class Sentinel:
             fn(*args)
         except Exception as exc:  # logging must never stop training
             logger.warning("torch_sentinel: %s failed: %s", getattr(fn, "__qualname__", fn), exc)
+
+
+def _overflow_only(fault: Fault) -> bool:
+    """Exact counts of the offending tensor found no NaN/Inf: only a statistic overflowed."""
+    ev = fault.evidence
+    return ev.nan == 0 and ev.posinf == 0 and ev.neginf == 0
 
 
 def _rank_log_dir(log_dir: Optional[str], rank: Optional[int], per_rank: bool) -> Optional[str]:

@@ -40,7 +40,7 @@ def test_readme_first_example_verbatim_loses_no_step(tmp_path: pathlib.Path) -> 
     assert result["findings"] == sorted({f["kind"] for f in rows})
 
 
-@pytest.mark.parametrize("check", ["deferred"], ids=["deferred"])
+@pytest.mark.parametrize("check", ["immediate", "deferred"], ids=["immediate", "deferred"])
 def test_uncaught_nonfinite_error_leaves_every_row_up_to_the_bad_step(tmp_path: pathlib.Path, check: str) -> None:
     """The script dies of the NonFiniteError at step 37 (no flush_every boundary near it): the
     curves run up to and including step 37, with a nonfinite/* point there, and the finding is

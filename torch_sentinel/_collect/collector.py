@@ -479,6 +479,27 @@ class Collector:
     def _ring_outgrown(self) -> bool:
         return self.ledger.current.numel() > self.ring.width or self.ledger.dtype is not self.ring.dtype
 
+    def abandon_row(self) -> StepRecord:
+        """The row in progress as a record, then a fresh row for the same step (cold path).
+
+        Called when a fault raised mid-step: the step never reached ``optimizer.step()``, and a
+        loop that catches the error and skips the batch must start the step again from clean
+        slots (a NaN left in a slot would be charged to the next, healthy batch). The record
+        holds what the aborted step saw up to the fault (``meta.extra["partial"]``); its
+        gradient norms were never taken, so every parameter is listed as missing.
+        """
+        meta = self.meta
+        meta.extra["partial"] = True
+        meta.grad_missing = tuple(n for n, _ in self.params)
+        values = self.ledger.current.detach().to("cpu", copy=True).numpy()  # float32 or float64
+        record = StepRecord(meta, values, self.ledger.blocks)
+        self.ledger.reset()
+        self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
+        self._last_output = None
+        self._written = set()
+        self._forward_since_backward = False
+        return record
+
     def drain(self, block: bool = False) -> None:
         outgrown = self._ring_outgrown()
         if outgrown:
