@@ -7,12 +7,10 @@ at the next hook or step call after their copy to the host has landed.
 
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
 import os
 import warnings
-import weakref
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, Union
 
@@ -27,6 +25,7 @@ from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
 from ._errors import NonFiniteError, SentinelError, format_message
 from ._findings import Finding
+from ._lifecycle import attached_to, dump_state, forget, load_state, register
 from ._options import Options, resolve_check_mode
 from ._unwrap import unwrap_optimizer
 from .detectors import RunContext, default_detectors
@@ -39,29 +38,6 @@ from .sinks import SinkContext, build_sinks
 __all__ = ["Sentinel", "attach"]
 
 logger = logging.getLogger("torch_sentinel")
-
-#: The sentinel attached to each model. Both sides are weak: the registry must never be what
-#: keeps a model (or its sentinel) alive after the user dropped them.
-_ATTACHED: weakref.WeakKeyDictionary[nn.Module, weakref.ref[Sentinel]] = weakref.WeakKeyDictionary()
-#: Every sentinel still attached, closed at interpreter exit if the user never detached it.
-_LIVE: weakref.WeakSet[Sentinel] = weakref.WeakSet()
-_exit_hook_installed = False
-
-
-def _close_all_at_exit() -> None:
-    """The README's loop never calls detach(): at interpreter exit, the last window still goes
-    through the detectors and the sinks, and the manifest gets its result."""
-    for sentinel in list(_LIVE):
-        sentinel._close_unattended()
-
-
-def _install_exit_hook() -> None:
-    # Registered at the first attach(), not at import: atexit runs handlers last-in first-out,
-    # so ours runs before anything registered earlier (logging's shutdown among them).
-    global _exit_hook_installed
-    if not _exit_hook_installed:
-        atexit.register(_close_all_at_exit)
-        _exit_hook_installed = True
 
 OptimizerArg = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None]
 
@@ -117,6 +93,8 @@ class Sentinel:
             collector.update_every = options.update_every
         elif collector.update_copy_bytes <= options.update_copy_limit_bytes:
             collector.update_every = 10
+        if options.start_step:
+            collector.start_at(options.start_step)  # a resumed run continues its numbering
         self._collector = collector
         self._collector.on_fault = self._on_immediate_fault
         collector.number_steps(options.start_step, options.step_source)
@@ -127,7 +105,10 @@ class Sentinel:
             module_types={n: type(m).__name__ for n, m in c.map.modules},
             param_names=[n for n, _ in c.params],
             param_owner={n: c.map.param_owner.get(n, n.rpartition(".")[0]) for n, _ in c.params},
-            optimizer_params={n for n, p in c.params if id(p) in held},
+            # Without an optimizer the loop updates the weights itself: every trainable
+            # parameter is then "held" (no_update and no_gradient watch them all).
+            optimizer_params={n for n, p in c.params if id(p) in held} if optimizers
+            else {n for n, p in c.params if p.requires_grad},
             forward_order=c.forward_order,
             thresholds=dict(options.thresholds),
             rank=self.rank,
@@ -233,6 +214,42 @@ class Sentinel:
                 self._flushing = False
         self._flush_window()
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume watching: the step count, the detectors' windows
+        and the findings already reported. Save it next to the model's and optimizer's state
+        (``torch.save({"model": ..., "optimizer": ..., "sentinel": sentinel.state_dict()})``)
+        and pass it to :meth:`load_state_dict` right after ``attach()`` in the resumed run.
+
+        Pending rows are flushed first (cold path). The detectors' part is a pickled blob, so
+        the dict loads with ``torch.load(..., weights_only=True)``.
+        """
+        self.flush()
+        return dump_state(self.step, self._nonfinite_reported, self._findings, self._detectors)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: step numbering (TensorBoard, findings, incidents)
+        continues from the saved step, the detectors go on with their windows, and findings
+        already reported are not reported again. Call it right after ``attach()``.
+
+        Args:
+            state: the dict :meth:`state_dict` returned.
+        """
+        if self.step != self.options.start_step or self._window or self._recent:
+            raise SentinelError(format_message(
+                "Sentinel.load_state_dict() came after steps were recorded",
+                expected="load_state_dict() right after attach(), before the first step",
+                arrived=f"{self.step - self.options.start_step} step(s) already recorded by {self!r}",
+                next_check="move load_state_dict() before the training loop",
+            ))
+        step, reported, findings = load_state(state, self._detectors)
+        self._collector.start_at(step)
+        for f in findings:
+            key = (f.kind, f.module, f.boundary)
+            if key not in self._finding_keys:
+                self._finding_keys.add(key)
+                self._findings.append(f)
+        self._nonfinite_reported = self._nonfinite_reported or reported
+
     def report(self, *, all_ranks: Optional[bool] = None) -> Report:
         """Flush pending evidence and return the diagnosis.
 
@@ -275,10 +292,7 @@ class Sentinel:
             self._safe(self._run_record.close)
             for sink in self._sinks:
                 self._safe(sink.close)
-            ref = _ATTACHED.get(self._root)
-            if ref is not None and ref() is self:
-                del _ATTACHED[self._root]
-            _LIVE.discard(self)
+            forget(self._root, self)
 
     def _close_unattended(self) -> None:
         """Detach without the user: at interpreter exit, or when the sentinel is collected.
@@ -490,8 +504,7 @@ def attach(
         log_dir=log_dir, check=check, flush_every=flush_every, on_nonfinite=on_nonfinite, **options
     )
     root = unwrap_model(model)
-    ref = _ATTACHED.get(root)
-    existing = ref() if ref is not None else None
+    existing = attached_to(root)
     if existing is not None and existing.attached:
         raise SentinelError(
             format_message(
@@ -512,7 +525,5 @@ def attach(
                 stacklevel=2,
             )
     sentinel = Sentinel(model, optimizers, opts)
-    _ATTACHED[root] = weakref.ref(sentinel)
-    _LIVE.add(sentinel)
-    _install_exit_hook()
+    register(root, sentinel, sentinel._close_unattended)
     return sentinel

@@ -3,6 +3,8 @@ skips the batch stays protected; what is logged (finding, console, incident) is 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from helpers import MLP, make_batch
@@ -79,16 +81,9 @@ def test_warn_and_record_report_the_first_fault_only(policy: str) -> None:
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.warns(RuntimeWarning) if policy == "warn" else _nothing():
-        with torch_sentinel.attach(model, opt, check="immediate", on_nonfinite=policy) as s:
-            raised, _ = _skip_loop(model, opt, skip_known_bad=False)
+    expect = pytest.warns(RuntimeWarning) if policy == "warn" else contextlib.nullcontext()
+    with expect, torch_sentinel.attach(model, opt, check="immediate", on_nonfinite=policy) as s:
+        raised, _ = _skip_loop(model, opt, skip_known_bad=False)
     assert raised == [] and s.nonfinite_raised == 0
     assert [f.kind for f in s.findings].count("non_finite") == 1
 
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -110,6 +110,8 @@ class Collector:
         # The core probes, in ledger order (the rank agreement's core width ends after misc).
         self.data = DataProbe()
         self.forward = ForwardProbe()
+        #: Without an optimizer, each counted backward() is a step (set by before_backward).
+        self._backward_counted = False
         self.loss = LossProbe()
         self.outgrad = OutputGradProbe()
         self.norms = NormsProbe(update_every)
@@ -378,7 +380,26 @@ class Collector:
         self._forward_since_backward = False
         loss = self.amp.unscaled(tensors)
         self.meta.backward_calls += 1
+        self._backward_counted = True
         self._emit(self._subs["on_backward"], loss)
+
+    def after_backward(self) -> None:
+        """Without an optimizer, each backward() through the model is a step: hand-written
+        updates (``p -= lr * p.grad``) happen outside any hook, so the gradients are read
+        here, when they are final, and the row closes. With optimizers, their step hooks do it."""
+        if self.disabled or self.optimizers or not self._backward_counted:
+            return
+        self._backward_counted = False
+        subs = [s for s in self._subs["on_pre_step"] if getattr(s, "__self__", None) is not self.updates]
+        with torch.no_grad():
+            self._emit(subs, None)
+        self.close_row()
+
+    def start_at(self, step: int) -> None:
+        """Number the next step ``step`` (a resumed run continues its numbering); before any
+        step was recorded."""
+        self.step = step
+        self.meta = StepMeta(step=step, outgrad_complete=self.outgrad.watch_all_due(step))
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         self.loss.observe_loss(loss)
@@ -498,6 +519,7 @@ class Collector:
         self._last_output = None
         self._written = set()
         self._forward_since_backward = False
+        self._backward_counted = False
         return record
 
     def drain(self, block: bool = False) -> None:

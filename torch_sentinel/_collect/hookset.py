@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 from torch.utils.hooks import RemovableHandle
@@ -42,14 +43,20 @@ class HookSet:
     def __init__(self) -> None:
         self._handles: list[RemovableHandle] = []
         self._patches: list[tuple[Patch, PatchListener]] = []
+        self._listeners: list[PatchListener] = []
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         self._handles.append(handle)
         return handle
 
     def subscribe(self, patch: Patch, listener: PatchListener) -> None:
-        patch.add(listener)
-        self._patches.append((patch, listener))
+        # Patches are process-wide: through a strong reference, a listener (and the probe or
+        # collector behind it) would outlive a model and sentinel dropped without detach().
+        # The patch gets a weak proxy; this HookSet, owned by the collector, keeps the listener.
+        proxy = _WeakListener(listener)
+        patch.add(proxy)
+        self._patches.append((patch, proxy))
+        self._listeners.append(listener)
 
     def __len__(self) -> int:
         return len(self._handles) + len(self._patches)
@@ -69,7 +76,27 @@ class HookSet:
                 patch.remove(listener)
             except Exception as exc:  # pragma: no cover - defensive
                 errors.append(exc)
+        self._listeners.clear()
         if errors:
             raise errors[0]
 
 
+
+
+class _WeakListener:
+    """Forwards a patch's calls to a listener held weakly; once it is gone, does nothing."""
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, listener: PatchListener) -> None:
+        self._ref = weakref.ref(listener)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        listener = self._ref()
+        if listener is not None:
+            listener.before(args, kwargs)
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        listener = self._ref()
+        if listener is not None:
+            listener.after(args, kwargs, result)

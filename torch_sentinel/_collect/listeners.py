@@ -27,7 +27,9 @@ class BackwardListener:
             c.before_backward(args[0] if args else kwargs.get("tensors"))
 
     def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        return None
+        c = self._collector()
+        if c is not None:
+            c.after_backward()
 
 
 class ScaleListener:

@@ -157,7 +157,8 @@ class Probe:
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` is about to update: gradients are final (after a closure, if any).
-        Runs under ``torch.no_grad()``."""
+        Runs under ``torch.no_grad()``. ``optimizer`` is None when the sentinel was attached
+        without one: each ``backward()`` is then a step, and this runs when it returns."""
 
     def on_post_step(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()`` returned."""

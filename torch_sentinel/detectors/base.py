@@ -21,6 +21,7 @@ from typing import Any, Callable, ClassVar, Optional
 from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Boundary, Finding
+from .state import host_state, restore_state
 
 __all__ = ["Detector", "RunContext"]
 
@@ -84,6 +85,14 @@ class Detector:
 
     def finish(self) -> Iterable[Finding]:
         return ()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The host state carried across a checkpoint (windows, counters, verdicts given).
+        Default: every attribute that is plain host data; see ``detectors/state.py``."""
+        return host_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        restore_state(self, state)
 
     def finding(self, message: str, **fields: Any) -> Finding:
         fields.setdefault("rank", self.ctx.rank)

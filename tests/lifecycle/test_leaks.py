@@ -1,0 +1,56 @@
+"""No leaks: a model and sentinel dropped without detach() are garbage-collected, their last
+window reaches the sinks, and the process-wide patches go with the last sentinel."""
+
+from __future__ import annotations
+
+import gc
+import pathlib
+import weakref
+
+import torch
+from helpers import MLP, make_batch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+
+import torch_sentinel
+
+ORIGINAL_BACKWARD = torch.autograd.backward
+
+
+def _attach_and_train(log_dir: pathlib.Path, steps: int = 7) -> tuple[weakref.ref, weakref.ref]:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sentinel = torch_sentinel.attach(model, opt, log_dir=str(log_dir))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x, y = make_batch("mlp", generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return weakref.ref(model), weakref.ref(sentinel)
+
+
+def test_dropped_model_and_sentinel_are_collected_and_flushed(tmp_path: pathlib.Path) -> None:
+    """A notebook cell run twice: the first model and sentinel are dropped, never detached."""
+    first_model, first_sentinel = _attach_and_train(tmp_path / "a")
+    second_model, second_sentinel = _attach_and_train(tmp_path / "b")
+    gc.collect()
+    assert first_model() is None and first_sentinel() is None
+    assert second_model() is None and second_sentinel() is None
+    assert torch.autograd.backward is ORIGINAL_BACKWARD  # the last sentinel took the patch with it
+    for run in ("a", "b"):
+        acc = EventAccumulator(str(tmp_path / run), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("loss/train")] == list(range(7))
+
+
+def test_patches_stay_while_another_sentinel_lives(tmp_path: pathlib.Path) -> None:
+    keep = MLP()
+    kept = torch_sentinel.attach(keep)
+    dropped_model, dropped = _attach_and_train(tmp_path)
+    gc.collect()
+    assert dropped_model() is None and dropped() is None
+    assert torch.autograd.backward is not ORIGINAL_BACKWARD  # still needed by `kept`
+    kept.detach()
+    assert torch.autograd.backward is ORIGINAL_BACKWARD
