@@ -45,7 +45,9 @@ class MissingZeroGradDetector(Detector, Probe):
         # Trainable parameters outside the optimizer are never cleared by its zero_grad(); their
         # leftover gradients are unregistered_parameter's evidence, not a missing zero_grad().
         outside = any(p.requires_grad and n not in self.ctx.optimizer_params for n, p in host.params)
-        self._enabled = len(host.optimizers) == 1 and not outside
+        # Without an optimizer each backward() is a step: a hand-written loop must clear the
+        # gradients itself (model.zero_grad()), so the check applies there too.
+        self._enabled = len(host.optimizers) <= 1 and not outside
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if not self._enabled or self._reported:

@@ -24,12 +24,10 @@ import torch_sentinel
 
 MODELLED_ON = "pytorch/tutorials beginner_source/nn_tutorial.py (Refactor using nn.Module)"
 HEALTHY_XFAIL: Optional[str] = None
-NO_OPTIMIZER = ("attach(model) without an optimizer never advances the step: no gradient, "
-                "update or curve checks for a hand-written update")
 BUGS = {
-    "no_zero_grad": Bug("model.zero_grad() deleted after the update", "missing_zero_grad",
-                        xfail=NO_OPTIMIZER),
-    "lr_x100": Bug("lr = 20 instead of 0.2 (100x)", "diverging", xfail=NO_OPTIMIZER),
+    # attach(model) without an optimizer: each backward() is a step (issue 11).
+    "no_zero_grad": Bug("model.zero_grad() deleted after the update", "missing_zero_grad"),
+    "lr_x100": Bug("lr = 20 instead of 0.2 (100x)", "diverging"),
 }
 
 
