@@ -110,6 +110,8 @@ class Collector:
         # The core probes, in ledger order (the rank agreement's core width ends after misc).
         self.data = DataProbe()
         self.forward = ForwardProbe()
+        #: True between the root's forward pre-hook (with grad enabled) and its forward hook.
+        self._training_forward = False
         #: Without an optimizer, each counted backward() is a step (set by before_backward).
         self._backward_counted = False
         self.loss = LossProbe()
@@ -266,7 +268,10 @@ class Collector:
     # ------------------------------------------------------------------ forward events
     def _on_root_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._root_depth += 1
-        if self.disabled or not torch.is_grad_enabled() or self._in_transform():
+        if self.disabled:
+            return None
+        self._training_forward = torch.is_grad_enabled()
+        if not self._training_forward or self._in_transform():
             return None
         compiling = _is_compiling()
         if not compiling and self.ring.head > self.ring.tail:
@@ -310,7 +315,10 @@ class Collector:
                 first = first and not main
 
     def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
-        if self.disabled or not torch.is_grad_enabled() or self._in_transform():
+        # A no_grad region inside a training forward is still the training forward: the
+        # reentrant torch.utils.checkpoint runs its block so (the backward recomputes it with
+        # grad), and a NaN made there must be charged to the module inside the block.
+        if self.disabled or not (torch.is_grad_enabled() or self._training_forward) or self._in_transform():
             return None
         compiling = _is_compiling()
         self._forward_since_backward = True
@@ -335,6 +343,7 @@ class Collector:
                 self.outgrad.plan(sorted(self._forward_seq, key=self._forward_seq.__getitem__))
         if slot == 0:
             self._last_output = None
+            self._training_forward = False
         return None
 
     def _watch_gradient(self, t: torch.Tensor, slot: int) -> None:
