@@ -260,7 +260,7 @@ class Collector:
         """Inside ``torch.func.grad``/``vmap``/``jacrev``, tensors are functorch wrappers: an
         in-place write into a slot is refused (grad) or has no batching rule (vmap). Those
         calls are not training steps of the model; they are skipped, with one warning."""
-        if not _functorch_active():
+        if _is_compiling() or not _functorch_active():  # dynamo traces hooks: no C query there
             return False
         self._unwatched.transform()
         return True
