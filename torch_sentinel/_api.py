@@ -93,8 +93,6 @@ class Sentinel:
             collector.update_every = options.update_every
         elif collector.update_copy_bytes <= options.update_copy_limit_bytes:
             collector.update_every = 10
-        if options.start_step:
-            collector.start_at(options.start_step)  # a resumed run continues its numbering
         self._collector = collector
         self._collector.on_fault = self._on_immediate_fault
         collector.number_steps(options.start_step, options.step_source)
