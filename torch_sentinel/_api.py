@@ -20,8 +20,8 @@ from torch import nn
 
 from ._collect.collector import Collector, Fault
 from ._collect.model_map import unwrap_model
-from ._collect.probes.clip import ClipProbe
 from ._collect.probe import Probe
+from ._collect.probes.clip import ClipProbe
 from ._collect.records import StepRecord
 from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
