@@ -19,6 +19,7 @@ from torch import nn
 
 from ._collect.collector import Collector, Fault
 from ._collect.model_map import unwrap_model
+from ._collect.probe import Probe
 from ._collect.probes.clip import ClipProbe
 from ._collect.records import StepRecord
 from ._compile import HookLiveness, first_fault_in_row
@@ -111,6 +112,7 @@ class Sentinel:
             thresholds=dict(options.thresholds),
             rank=self.rank,
             exact_norms=c.ledger.host_view is not None,
+            adversarial=lambda: c.adversarial,
         )
         self._core_width = c.ledger.width
         self._nonfinite = NonFiniteDiagnosis(self.context)
@@ -143,7 +145,7 @@ class Sentinel:
         self._sinks = build_sinks(sink_context)
         try:
             c.install()
-            install_shape_notes(self)
+            install_shape_notes(c, self._record_finding, self.rank)
         except BaseException:
             # Nothing half-installed stays behind: hooks, patches, open event files.
             self._detached = True
@@ -163,6 +165,23 @@ class Sentinel:
     @property
     def findings(self) -> list[Finding]:
         return list(self._findings)
+
+    @property
+    def root(self) -> nn.Module:
+        """The attached model without its DDP / ``torch.compile`` wrappers."""
+        return self._root
+
+    def recent_records(self) -> list[StepRecord]:
+        """The last step records that reached the host (up to 64), oldest first."""
+        return list(self._recent)
+
+    def add_probe(self, probe: Probe) -> None:
+        """Add a probe (see ``torch_sentinel._collect.probe``); removed at detach.
+
+        Args:
+            probe: set up at once and scheduled for the events it implements.
+        """
+        self._collector.add_probe(probe)
 
     @property
     def attached(self) -> bool:
@@ -265,9 +284,14 @@ class Sentinel:
             findings = gather_findings(findings)
         return Report(findings=findings, steps=self.step, notes=list(self._notes))
 
-    def detach(self) -> None:
-        """Remove every hook and patch; idempotent. Pending evidence is flushed first."""
-        self._detach(quiet=False)
+    def detach(self, *, quiet: bool = False) -> None:
+        """Remove every hook and patch; idempotent. Pending evidence is flushed first.
+
+        Args:
+            quiet: log a failing flush instead of raising it (use it while another exception
+                is propagating, so it is never masked).
+        """
+        self._detach(quiet=quiet)
 
     def _detach(self, quiet: bool) -> None:
         if self._detached:
@@ -422,6 +446,9 @@ class Sentinel:
 
     def _finish_detector(self, detector: Any) -> None:
         self._add_findings(detector.finish(), write=True)
+
+    def _record_finding(self, finding: Finding) -> None:
+        self._add_findings([finding], write=True)
 
     def _add_findings(self, findings: Any, write: bool = False) -> list[Finding]:
         added = []

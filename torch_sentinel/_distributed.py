@@ -14,15 +14,16 @@ collective (on NCCL the host does not wait for it); the host reads the result th
 on accelerators one row later, when its copy has long landed, so the read never stalls the
 stream. Every rank reads at the same program point, so every rank raises at the same call.
 
-Priorities follow :func:`~torch_sentinel.detectors.nonfinite.locate`: data, then module outputs
-in forward order, loss, output gradients and gradient norms (skipped under a GradScaler, which
-judges those itself), parameters, updates.
+Priorities come from ``_collect/rungs.py``'s ``LADDER``, the table that
+:func:`~torch_sentinel.detectors.nonfinite.locate` walks on the host: the same rungs in the same
+order, with the same rules for what is non-finite (a norm's +inf on accelerators may be float32
+overflow; a mask may hold -inf), so a single rank and the agreement cannot disagree.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
@@ -30,13 +31,14 @@ import torch
 import torch.distributed as dist
 
 from ._collect.collector import Collector, Fault
-from ._collect.ledger import FLOAT_MAX
+from ._collect.ledger import Ledger
 from ._collect.probe import Probe
 from ._collect.records import StepMeta, TensorEvidence
+from ._collect.rungs import Rung, slot_levels
 from ._collect.transfer import AsyncFetch
 from ._findings import Finding
 
-__all__ = ["RankSync", "Rung", "gather_findings", "world"]
+__all__ = ["Priorities", "RankSync", "describe", "gather_findings", "world"]
 
 
 def world() -> tuple[Optional[int], int]:
@@ -46,87 +48,75 @@ def world() -> tuple[Optional[int], int]:
     return None, 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Rung:
-    """What a priority level means: a boundary, a module, and the detail locate() would give."""
+class Priorities:
+    """Per-slot priority tensors over the core row, derived from ``_collect.rungs.LADDER`` (the
+    table the host localisation walks), rebuilt while the forward order is learned."""
 
-    boundary: str
-    module: Optional[str]
-    detail: tuple[tuple[str, Any], ...] = ()
-    #: -1 for weights found non-finite before a step: the previous step's update made them.
-    step_offset: int = 0
-
-
-class _Priorities:
-    """Per-slot priority tensors over the core row, rebuilt while the forward order is learned."""
-
-    def __init__(self, collector: Collector, forward_order: Callable[[], list[int]], width: int) -> None:
-        self._c = collector
+    def __init__(self, ledger: Ledger, forward_order: Callable[[], list[int]], width: int,
+                 exact_norms: bool) -> None:
+        self.ledger = ledger
         self._forward_order = forward_order
         self.width = width
-        self._key: Optional[tuple[int, ...]] = None
+        self.exact_norms = exact_norms
+        self._order: Optional[tuple[int, ...]] = None
         self.rungs: list[Rung] = []
-        self._plain: Optional[torch.Tensor] = None
-        self._amp: Optional[torch.Tensor] = None
+        self._cache: dict[tuple[bool, bool], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @property
     def none(self) -> int:
         return len(self.rungs)
 
-    def tensors(self, amp: bool, step: int) -> torch.Tensor:
+    def tensors(self, meta: StepMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(levels, +inf tolerated, -inf tolerated) per slot, for this row's AMP / loss mode."""
         # The forward order settles during the first steps; after that the tensors are reused.
-        if self._plain is None or step < 4:
+        if self._order is None or meta.step < 4:
             order = tuple(self._forward_order())
-            if order != self._key:
-                self._build(order)
-        assert self._plain is not None and self._amp is not None
-        return self._amp if amp else self._plain
+            if order != self._order:
+                self._order, self._cache = order, {}
+        key = (meta.amp, meta.loss_explicit)
+        cached = self._cache.get(key)
+        if cached is None:
+            assert self._order is not None
+            rungs, levels, posinf_ok, neginf_ok = slot_levels(
+                self.ledger.blocks, self._order, self.width, amp=meta.amp,
+                loss_explicit=meta.loss_explicit, exact_norms=self.exact_norms)
+            self.rungs = rungs
+            device = self.ledger.device
+            cached = self._cache[key] = (
+                torch.tensor(levels, dtype=torch.float32, device=device),
+                torch.tensor(posinf_ok, dtype=torch.bool, device=device),
+                torch.tensor(neginf_ok, dtype=torch.bool, device=device),
+            )
+        return cached
 
-    def _build(self, order: tuple[int, ...]) -> None:
-        c = self._c
-        L = c.ledger
-        names = c.module_names
-        slots: list[tuple[list[int], Rung, bool]] = []  # (row slots, rung, gradient rung)
-        weights = L.block("param_norm")  # pre-step weight norms: the previous update, before all else
-        for i, key in enumerate(weights.keys):
-            slots.append(([weights.start + i], Rung("updates", self._owner(key), (("parameter", key),), -1), False))
-        d_lo, d_hi = L.block("data.min").start, L.block("data.max").start
-        slots.append(([d_lo, d_hi], Rung("data", None, (("input", "args[0]"),)), False))
-        slots.append(([d_lo + 1, d_hi + 1], Rung("data", None, (("input", "extra input"),)), False))
-        act_lo, act_hi = L.block("act.min").start, L.block("act.max").start
-        og_lo, og_hi = L.block("outgrad.min").start, L.block("outgrad.max").start
-        for m in order:
-            slots.append(([act_lo + m, act_hi + m], Rung("forward", names[m]), False))
-        loss = L.block("loss")
-        for i, key in enumerate(loss.keys):
-            slots.append(([loss.start + i], Rung("loss", None, (("loss", key),)), False))
-        for m in reversed(order):  # backward meets modules roughly in reverse forward order
-            slots.append(([og_lo + m, og_hi + m],
-                          Rung("gradients", names[m], (("incoming_to", names[m]),)), True))
-        grads = L.block("grad_norm")
-        for i in reversed(range(len(grads))):
-            slots.append(([grads.start + i], Rung("gradients", self._owner(grads.keys[i]),
-                                                  (("parameter", grads.keys[i]),)), True))
-        stale = L.blocks["misc"].index("stale_grad_norm")
-        slots.append(([stale], Rung("gradients", None, (("present", "stale gradients"),)), True))
-        update = L.block("update_norm")
-        for i, key in enumerate(update.keys):
-            slots.append(([update.start + i], Rung("updates", self._owner(key), (("parameter", key),)), False))
-        self.rungs = [rung for _, rung, _ in slots]
-        plain = [float(len(slots))] * self.width
-        amp = list(plain)
-        for level, (row_slots, _, gradient) in enumerate(slots):
-            for s in row_slots:
-                plain[s] = float(level)
-                if not gradient:
-                    amp[s] = float(level)
-        device = L.device
-        self._plain = torch.tensor(plain, dtype=torch.float32, device=device)
-        self._amp = torch.tensor(amp, dtype=torch.float32, device=device)
-        self._key = order
+    def first_level(self, row: torch.Tensor, meta: StepMeta) -> torch.Tensor:
+        """On the device: the level of the row's first faulty slot (``none`` if there is none)."""
+        levels, posinf_ok, neginf_ok = self.tensors(meta)
+        row = row[: self.width]
+        bad = torch.isnan(row) | ((row == math.inf) & ~posinf_ok) | ((row == -math.inf) & ~neginf_ok)
+        return torch.where(bad, levels, torch.full_like(levels, float(self.none))).amin()
 
-    def _owner(self, param: str) -> Optional[str]:
-        return self._c.map.param_owner.get(param, param.rpartition(".")[0])
+
+def describe(rung: Rung, module_names: Sequence[str], owner: Callable[[str], Optional[str]],
+             previous: Optional[Rung] = None) -> tuple[Optional[str], dict[str, Any]]:
+    """The module and the detail ``locate()`` gives for a fault at ``rung`` (``previous``: the
+    level before it, which for an output gradient is the module whose backward made it)."""
+    kind, key = rung.spec.kind, rung.key
+    if kind in ("weights", "grad_norm", "update_norm"):
+        return owner(key), {"parameter": key}
+    if kind == "data":
+        return None, {"input": "args[0]" if rung.index == 0 else "extra input"}
+    if kind == "forward":
+        return module_names[rung.index], {}
+    if kind == "outgrad":
+        detail = {"incoming_to": module_names[rung.index], "source": "loss backward"}
+        if previous is not None and previous.spec is rung.spec:
+            detail["source"] = "module backward"
+            return module_names[previous.index], detail
+        return None, detail
+    if kind == "loss":
+        return None, {"loss": key}
+    return None, {"present": "stale gradients"}
 
 
 class RankSync(Probe):
@@ -147,7 +137,8 @@ class RankSync(Probe):
         self.world_size = size
         self.group = group
         self._c = collector
-        self._prio = _Priorities(collector, forward_order, core_width)
+        self._prio = Priorities(collector.ledger, forward_order, core_width,
+                                exact_norms=collector.ledger.host_view is not None)
         self._decide = decide
         # CPU reads are memory loads: decide at the same row close. Elsewhere, one row later.
         self.lag = 0 if collector.device.type == "cpu" else 1
@@ -181,14 +172,7 @@ class RankSync(Probe):
         if self.done:
             return
         with torch.no_grad():
-            prio = self._prio.tensors(meta.amp, meta.step)
-            row = self._c.ledger.current[: self._prio.width]
-            # An additive attention mask legitimately holds -inf: only NaN counts in aux.min.
-            aux = self._c.ledger.block("data.min").start + 1
-            checked = row.clone()
-            checked[aux : aux + 1].clamp_(min=-FLOAT_MAX)
-            none = float(self._prio.none)
-            first = torch.where(torch.isfinite(checked), torch.full_like(prio, none), prio).amin()
+            first = self._prio.first_level(self._c.ledger.current, meta)
             code = (first.to(torch.int64) * self.world_size + self.rank).reshape(1)
             dist.all_reduce(code, op=dist.ReduceOp.MIN, group=self.group)
             self._pending.append((meta.step, AsyncFetch([code]), self._prio.none))
@@ -217,16 +201,19 @@ class RankSync(Probe):
 
     def _fault(self, step: int, level: int, rank: int) -> Fault:
         rung = self._prio.rungs[level]
-        step = max(step + rung.step_offset, 0)
+        step = max(step + rung.spec.step_offset, 0)
         held = self._held
         if rank == self.rank and held is not None and held.step == step:
             return held  # this rank saw it happen: exact evidence
-        detail = dict(rung.detail)
+        param_owner = self._c.map.param_owner
+        module, detail = describe(rung, self._c.module_names,
+                                  lambda p: param_owner.get(p, p.rpartition(".")[0]),
+                                  self._prio.rungs[level - 1] if level else None)
         detail.setdefault("present", "non-finite values")
         detail["reported_by_rank"] = rank
-        if rung.module is not None:
-            detail["module_type"] = self._c.map.type_of(rung.module)
-        return Fault(step, rung.boundary, rung.module, TensorEvidence(), detail)
+        if module is not None:
+            detail["module_type"] = self._c.map.type_of(module)
+        return Fault(step, rung.boundary, module, TensorEvidence(), detail)
 
 
 def gather_findings(findings: Sequence[Finding]) -> list[Finding]:

@@ -16,7 +16,6 @@ Hot-path rules, enforced by the sync-audit tests:
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from typing import Any, Callable, Optional
 
@@ -24,15 +23,16 @@ import torch
 from torch import nn
 
 from .._errors import SentinelError
+from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
 from .dtypes import DtypePolicy
 from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
 from .listeners import BackwardListener, ScaleListener, ScalerStepListener
-from .model_map import ModelMap, trainable_params
+from .model_map import ModelMap, post_order, trainable_params
 from .patches import patch_for
-from .probe import EVENTS, Probe, overrides
+from .probe import Probe
 from .probes import (
     AmpProbe,
     DataProbe,
@@ -44,15 +44,14 @@ from .probes import (
     UpdateProbe,
 )
 from .records import StepMeta, StepRecord
+from .schedule import ProbeTable
+from .scope import BackwardScope, OptimizerReach, register_params, unregister_params
 from .tensors import iter_tensors, reducible, tensor_evidence
 from .transfer import HostRing, read_now
 from .unwatched import Unwatched
 from .unwatched import functorch_active as _functorch_active
 
 __all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence", "weight_fault"]
-
-logger = logging.getLogger("torch_sentinel")
-
 
 class Collector:
     """Schedules the probes' events and owns the ledger and the host ring.
@@ -94,17 +93,26 @@ class Collector:
         #: Optimizers (by id) that already stepped in the row in progress.
         self.stepped_optimizers: set[int] = set()
         self.on_fault: Callable[[Fault], None] = _unhandled
-        self._subs: dict[str, list[Callable[..., None]]] = {e: [] for e in EVENTS if e != "on_output"}
-        self._out_subs: list[list[Callable[..., None]]] = [[] for _ in self.module_names]
-        self._probes: list[Probe] = []
+        self.table = ProbeTable(self.map.modules)
+        self._subs, self._out_subs, self._emit = self.table.subs, self.table.out, self.table.emit
         #: The output most recently seen in this forward: a container (or Identity) returning
         #: it as is must not deliver it, or hook its gradient, a second time. Dropped when the
         #: root's forward completes, so no activation outlives its forward.
         self._last_output: Optional[torch.Tensor] = None
         self._forward_seq: dict[int, int] = {}
+        #: Fallback scoping where the outputs could not be marked (a root hook traced by
+        #: torch.compile): a backward after a forward of the model belongs to it.
         self._forward_since_backward = False
         #: Calls of the root's forward in progress (its submodules' inputs are then not data).
         self._root_depth = 0
+        self._unmarked = False
+        #: Inside a forward of the root (set by its pre-hook, cleared by its forward hook).
+        self._in_root = False
+        #: step(closure): records once, after the first evaluation (closures.py).
+        self.closures = ClosureSteps(self._before_update)
+        #: Which backward calls reach this model (see scope.py).
+        self.reach = OptimizerReach(self.map, optimizers)
+        self.scope = BackwardScope(self._backward_reached, self.reach.observe if len(optimizers) > 1 else None)
         #: Slot pairs already written in this step (the rest still hold their initial values).
         self._written: set[int] = set()
         # The core probes, in ledger order (the rank agreement's core width ends after misc).
@@ -125,7 +133,7 @@ class Collector:
         self.amp = AmpProbe()
         self.add_probe(self.amp)
         self.add_probe(StepProbe())
-        self._post_order = _post_order(self.module_names)
+        self._post_order = post_order(self.module_names)
         #: One warning per kind of evidence the probes cannot read (see unwatched.py).
         self._unwatched = Unwatched()
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(self.module_names))]
@@ -147,45 +155,22 @@ class Collector:
         return self.updates.copy_bytes
 
     @property
+    def adversarial(self) -> bool:
+        """Whether some backward reached this model and another attached one, or (one sentinel
+        over a container with several optimizers) one backward reached the parameters of one
+        optimizer only and another those of several: a GAN's losses, which oscillate by design."""
+        return self.scope.adversarial or self.reach.adversarial
+
+    @property
     def sharded(self) -> bool:
         return bool(self.norms.sharded)
 
     def add_probe(self, probe: Probe) -> None:
         """Set ``probe`` up and schedule the events it implements; a probe is added once."""
-        if any(p is probe for p in self._probes):
-            return
-        probe.setup(self)
-        self._probes.append(probe)
-        for event, subs in self._subs.items():
-            if overrides(probe, event):
-                subs.append(getattr(probe, event))
-        if overrides(probe, "on_output"):
-            on_output = probe.on_output
-            slots = {id(m): i for i, (_, m) in enumerate(self.map.modules)}
-            for m in probe.output_modules(self):
-                slot = slots.get(id(m))
-                if slot is not None:
-                    self._out_subs[slot].append(on_output)
-
-    def _emit(self, subs: list[Callable[..., None]], *args: Any) -> None:
-        """Call each subscriber of one event. A probe that raises (a sentinel bug) is switched
-        off with one warning; the SentinelErrors the user asked for (immediate faults) pass."""
-        for fn in subs:
-            try:
-                fn(*args)
-            except SentinelError:
-                raise
-            except Exception as exc:
-                self._switch_off(fn, exc)
-
-    def _switch_off(self, fn: Callable[..., None], exc: BaseException) -> None:
-        probe = getattr(fn, "__self__", fn)
-        logger.warning("torch_sentinel: probe %s failed and is switched off (%s: %s); training goes on",
-                       getattr(probe, "name", "") or type(probe).__name__, type(exc).__name__, exc)
-        for subs in (*self._subs.values(), *self._out_subs):
-            subs[:] = [s for s in subs if getattr(s, "__self__", s) is not probe]
+        self.table.add(probe, self)
 
     def install(self) -> None:
+        register_params(self, self.param_tensors)
         root = self.map.root
         self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
         self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
@@ -206,15 +191,13 @@ class Collector:
 
     def close(self) -> None:
         self.disabled = True
+        self.scope.closed = True
+        unregister_params(self)
         self._last_output = None
         try:
             self.hooks.close()
         finally:
-            for probe in self._probes:
-                try:
-                    probe.close()
-                except Exception as exc:  # pragma: no cover - defensive
-                    logger.debug("probe %s close failed: %s", type(probe).__name__, exc)
+            self.table.close()
 
     # ------------------------------------------------------------------ for probes
     def host_value(self, i: int) -> float:
@@ -277,6 +260,7 @@ class Collector:
         if not compiling and self.ring.head > self.ring.tail:
             self.drain()
         self.meta.forward_calls += 1
+        self._in_root = not compiling
         self._emit(self._subs["on_root_inputs"], args, kwargs)
         self._emit_data(args, kwargs, compiling)
         return None
@@ -327,6 +311,10 @@ class Collector:
             if not reducible(t):
                 self._unwatched.output(t, self.module_names[slot], module)
                 continue
+            # The model's outputs (or, for a container whose children the loop calls itself,
+            # theirs): a backward that passes through them belongs to the model.
+            if (slot == 0 or not self._in_root) and t.requires_grad and (compiling or not self.scope.mark_outputs(t, slot)):
+                self._unmarked = True
             if compiling:
                 self.traced = True  # runs once, while tracing: host checks are off from now on
                 self._emit(subs, slot, module, args, t, True)
@@ -344,6 +332,7 @@ class Collector:
         if slot == 0:
             self._last_output = None
             self._training_forward = False
+            self._in_root = False
         return None
 
     def _watch_gradient(self, t: torch.Tensor, slot: int) -> None:
@@ -384,18 +373,51 @@ class Collector:
             tensors = tensors[0]
         if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1 or not tensors.requires_grad:
             return
-        if not self._forward_since_backward:
-            return  # a backward that did not go through the attached model
-        self._forward_since_backward = False
         loss = self.amp.unscaled(tensors)
+        if self._unmarked or not self.scope.supported:
+            # Outputs not marked: fall back to "a backward after a forward of the model".
+            if self._forward_since_backward:
+                self._forward_since_backward = self._unmarked = False
+                self._backward_reached(loss)
+            return
+        after_forward, self._forward_since_backward = self._forward_since_backward, False
+        if after_forward and self.immediate:
+            # Checked before backward starts, as the first thing a bad loss reaches (the
+            # output gradients it makes come next); which model it belongs to comes later.
+            self.loss.check_now(loss)
+        if not self.scope.begin(tensors, loss, orphan=after_forward) and after_forward:
+            self._backward_reached(loss)
+
+    def _backward_reached(self, loss: torch.Tensor) -> None:
+        """A backward on ``loss`` passed through the model (on an autograd thread, maybe).
+
+        It counts toward this model's next step unless its gradients are cleared first: a
+        backward that reached the model while earlier ones were pending, and finds every
+        gradient cleared, drops those (a GAN's generator loss reaches the discriminator, whose
+        ``zero_grad()`` then throws those gradients away).
+        """
+        if self.disabled or self.closures.tail:
+            return
+        if self.loss.pending_calls and not any(p.grad is not None for p in self.param_tensors):
+            self.loss.discard()
+            self.norms.cleared()
         self.meta.backward_calls += 1
         self._backward_counted = True
         self._emit(self._subs["on_backward"], loss)
 
     def after_backward(self) -> None:
-        """Without an optimizer, each backward() through the model is a step: hand-written
-        updates (``p -= lr * p.grad``) happen outside any hook, so the gradients are read
-        here, when they are final, and the row closes. With optimizers, their step hooks do it."""
+        """A backward on the model finished.
+
+        A backward that followed a forward of this model but reached no attached model at all
+        cut the graph between the model and the loss: it is charged here, as the evidence the
+        graph-cut detectors read. Without an optimizer, each backward() through the model is a
+        step: hand-written updates (``p -= lr * p.grad``) happen outside any hook, so the
+        gradients are read here, when they are final, and the row closes. With optimizers,
+        their step hooks do it.
+        """
+        orphan = self.scope.end()
+        if orphan is not None:
+            self._backward_reached(orphan)
         if self.disabled or self.optimizers or not self._backward_counted:
             return
         self._backward_counted = False
@@ -424,8 +446,8 @@ class Collector:
         if optimizer in self.optimizers:
             self.amp.before_scaler_step()
 
-    def after_scaler_step(self, scaler: Any, optimizer: Any) -> None:
-        if optimizer in self.optimizers and self.amp.after_scaler_step(scaler):
+    def after_scaler_step(self, scaler: Any, optimizer: Any, raised: bool = False) -> None:
+        if optimizer in self.optimizers and self.amp.after_scaler_step(scaler, raised):
             self.close_row()  # the scaler found inf/NaN and skipped optimizer.step()
 
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> Optional[tuple[Any, Any]]:
@@ -433,21 +455,10 @@ class Collector:
             return None
         if self.ring.head > self.ring.tail:
             self.drain()
-        closure = kwargs.get("closure") if kwargs else None
-        in_kwargs = closure is not None
-        if closure is None and args and callable(args[0]):
-            closure = args[0]
-        if closure is not None:
-            # step(closure) (Lightning, LBFGS) runs forward and backward inside step(): the
-            # gradients exist only once the closure returned, so record them there.
-            def recorded_closure() -> Any:
-                result = closure()
-                self._before_update(optimizer)
-                return result
-
-            if in_kwargs:
-                return args, {**kwargs, "closure": recorded_closure}
-            return (recorded_closure, *args[1:]), kwargs
+        self.hooks.ensure_patches()  # another library may have put back what it saved
+        wrapped = self.closures.wrap(optimizer, args, kwargs)
+        if wrapped is not None:
+            return wrapped
         self._before_update(optimizer)
         return None
 
@@ -458,6 +469,7 @@ class Collector:
     def _on_post_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.disabled:
             return
+        self.closures.end()
         self._emit(self._subs["on_post_step"], optimizer)
         if id(optimizer) in self.stepped_optimizers:
             # This optimizer stepped twice in one row (e.g. several critic steps per generator
@@ -482,6 +494,7 @@ class Collector:
         self.step = self._next_step()
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
+        self._in_root = False
         self._written = set()
         self.stepped_optimizers = set()
         self.drain()
@@ -539,18 +552,6 @@ class Collector:
             self.on_record(StepRecord(meta, values, self.ledger.blocks))
         if outgrown and self.ring.pending() == 0:
             self.ring = HostRing(self.device, self.ledger.current.numel(), rows=self.ring.rows, dtype=self.ledger.dtype)
-
-
-def _post_order(names: list[str]) -> list[int]:
-    """Indices of ``names`` (qualified module names in ``named_modules`` pre-order) in post-order."""
-    out: list[int] = []
-    open_: list[int] = []
-    for i, name in enumerate(names):
-        while open_ and not (names[open_[-1]] == "" or name.startswith(names[open_[-1]] + ".")):
-            out.append(open_.pop())
-        open_.append(i)
-    out.extend(reversed(open_))
-    return out
 
 
 def _unhandled(fault: Fault) -> None:

@@ -58,6 +58,16 @@ class HookSet:
         self._patches.append((patch, proxy))
         self._listeners.append(listener)
 
+    def ensure_patches(self) -> int:
+        """Re-install any of our patches that another library removed; how many it had to."""
+        seen: set[int] = set()
+        fixed = 0
+        for patch, _ in self._patches:
+            if id(patch) not in seen:
+                seen.add(id(patch))
+                fixed += patch.ensure()
+        return fixed
+
     def __len__(self) -> int:
         return len(self._handles) + len(self._patches)
 

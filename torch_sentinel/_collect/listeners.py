@@ -9,6 +9,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from .patches import RAISED
+
 if TYPE_CHECKING:
     from .collector import Collector
 
@@ -61,4 +63,4 @@ class ScalerStepListener:
     def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
         c = self._collector()
         if c is not None and len(args) >= 2:
-            c.after_scaler_step(args[0], args[1])
+            c.after_scaler_step(args[0], args[1], raised=result is RAISED)

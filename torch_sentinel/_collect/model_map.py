@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-__all__ = ["ModelMap", "trainable_params", "unwrap_model"]
+__all__ = ["ModelMap", "post_order", "trainable_params", "unwrap_model"]
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -95,3 +95,15 @@ def trainable_params(model_map: ModelMap, optimizers: Sequence[torch.optim.Optim
                     seen.add(id(p))
                     params.append((f"<optimizer{oi}>.param_groups[{gi}][{pi}]", p))
     return params
+
+
+def post_order(names: list[str]) -> list[int]:
+    """Indices of ``names`` (qualified module names in ``named_modules`` pre-order) in post-order."""
+    out: list[int] = []
+    open_: list[int] = []
+    for i, name in enumerate(names):
+        while open_ and not (names[open_[-1]] == "" or name.startswith(names[open_[-1]] + ".")):
+            out.append(open_.pop())
+        open_.append(i)
+    out.extend(reversed(open_))
+    return out

@@ -43,6 +43,9 @@ class RunContext:
     #: True when a +inf norm in a row has been confirmed exactly (CPU rows); on accelerators in
     #: deferred mode a +inf norm without NaN may be float32 overflow of finite values.
     exact_norms: bool = True
+    #: Whether a backward reached this model and another attached one (an adversarial loop,
+    #: e.g. a GAN): its loss oscillates by design, so curve verdicts do not apply.
+    adversarial: Callable[[], bool] = lambda: False
     #: Detectors may stash device-side state here (accumulators) through the collector taps.
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -51,8 +51,8 @@ class DivergingDetector(Detector):
         self._after_count = 0
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if self._reported:
-            return []
+        if self._reported or self.ctx.adversarial():
+            return []  # an adversarial loss (a GAN's) oscillates by design (core scoping)
         for rec in records:
             self._track_first(rec)
             for step, now, start, low in self.loss.add_points([rec]):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .._collect.collector import DATA_SHAPE_KEYS, Fault, weight_fault
+from .._collect.faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .._collect.records import StepRecord, TensorEvidence, shape_and_dtype
+from .._collect.rungs import LADDER, first_bad, groups
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding
 from ..diagnosis.causes import rank_causes
@@ -56,117 +57,92 @@ def _norm_kinds(norm: float) -> str:
     return "NaN" if math.isnan(norm) else "Inf"
 
 
-def _norm_is_nonfinite(norm: float, ctx: RunContext) -> bool:
-    """A NaN norm always means a NaN value; +inf may be float32 overflow where not confirmed."""
-    if math.isnan(norm) or norm == -math.inf:
-        return True
-    return norm == math.inf and ctx.exact_norms
-
-
 def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fault]:
-    """The first boundary (and module) with a non-finite slot in this step's row, or None."""
+    """The first boundary (and module) with a non-finite slot in this step's row, or None.
+
+    The order of the rungs, and what counts as non-finite at each, is ``_collect.rungs.LADDER``
+    (the same table the cross-rank agreement uses); this only describes the fault it finds.
+    """
     v = record.values
     if core_rows_finite(v, core_width):
         return None
-    meta = record.meta
-    step = meta.step
-
-    # The weights as this step found them (its pre-step norms): a non-finite weight was made by
-    # the previous step's update, which comes before everything else in this row.
-    weight_fault = _weight_fault(record, ctx)
-    if weight_fault is not None:
-        return weight_fault
-
-    # data: the main input must be finite; extra inputs (masks) may hold -inf.
-    dlo, dhi = record.array("data.min"), record.array("data.max")
-    main_bad = not (math.isfinite(dlo[0]) and math.isfinite(dhi[0]))
-    aux_bad = not math.isfinite(dhi[1]) or math.isnan(dlo[1])
-    if main_bad or aux_bad:
-        k = 0 if main_bad else 1
-        ev = _flags(float(dlo[k]), float(dhi[k]))
-        shape = meta.shapes.get(DATA_SHAPE_KEYS[k])
-        ev.shape, ev.dtype = shape_and_dtype(shape)
-        return Fault(step, "data", None, ev, {"present": _present(float(dlo[k]), float(dhi[k])),
-                                               "input": "args[0]" if main_bad else "extra input"})
-
-    alo, ahi = record.array("act.min"), record.array("act.max")
-    bad = ~(np.isfinite(alo) & np.isfinite(ahi))
-    if bad.any():
-        for slot in ctx.forward_order():
-            if bad[slot]:
-                ev = _flags(float(alo[slot]), float(ahi[slot]))
-                shape = meta.shapes.get(slot)
-                ev.shape, ev.dtype = shape_and_dtype(shape)
-                name = ctx.module_names[slot]
-                return Fault(step, "forward", name, ev, {
-                    "present": _present(float(alo[slot]), float(ahi[slot])),
-                    "module_type": ctx.module_types.get(name, ""),
-                })
-
-    losses = record.mapping("loss")
-    key = "explicit" if meta.loss_explicit else "auto"
-    if not math.isfinite(losses[key]) or not math.isfinite(losses["validation"]):
-        which = key if not math.isfinite(losses[key]) else "validation"
-        return Fault(step, "loss", None, TensorEvidence(shape=(), dtype=None),
-                     {"present": _present(losses[which], losses[which]), "loss": which})
-
-    if not meta.amp:  # under a GradScaler the scaler judges gradients; a skip is not a fault
-        glo, ghi = record.array("outgrad.min"), record.array("outgrad.max")
-        gbad = ~(np.isfinite(glo) & np.isfinite(ghi))
-        if gbad.any():
-            order = list(dict.fromkeys(meta.bwd_order))
-            previous: Optional[int] = None
-            for slot in order:
-                if gbad[slot]:
-                    culprit = ctx.module_names[previous] if previous is not None else None
-                    ev = _flags(float(glo[slot]), float(ghi[slot]))
-                    shape = meta.shapes.get(slot)  # a gradient has the shape of the output it belongs to
-                    ev.shape, ev.dtype = shape_and_dtype(shape)
-                    return Fault(step, "gradients", culprit, ev, {
-                        "present": _present(float(glo[slot]), float(ghi[slot])),
-                        "incoming_to": ctx.module_names[slot],
-                        "source": "module backward" if previous is not None else "loss backward",
-                    })
-                previous = slot
-        grads = record.array("grad_norm")
-        if not np.isfinite(grads).all():
-            names = record.keys("grad_norm")
-            for i in reversed(range(len(names))):  # backward reaches the last layers first
-                if _norm_is_nonfinite(grads[i], ctx):
-                    return Fault(step, "gradients", ctx.owner(names[i]), TensorEvidence(), {
-                        "present": "non-finite gradient norm", "parameter": names[i],
-                        "grad_norm": float(grads[i]), "kinds": _norm_kinds(float(grads[i])),
-                    })
-        stale = record.value("misc", "stale_grad_norm")
-        if not math.isfinite(stale):
-            return Fault(step, "gradients", None, TensorEvidence(), {
-                "present": "non-finite gradients carried over from the previous step",
-                "kinds": _norm_kinds(stale),
-            })
-
-    updates = record.array("update_norm")
-    bad_updates = [i for i, u in enumerate(updates.tolist()) if _norm_is_nonfinite(u, ctx)]
-    if bad_updates:
-        names = record.keys("update_norm")
-        i = bad_updates[0]
-        return Fault(step, "updates", ctx.owner(names[i]), TensorEvidence(), {
-            "present": "non-finite update", "parameter": names[i], "kinds": _norm_kinds(float(updates[i])),
-        })
-    return None
-
-
-def _weight_fault(record: StepRecord, ctx: RunContext) -> Optional[Fault]:
-    if not record.meta.weights_recorded:
+    hit = first_bad(v, record.blocks, record.meta, ctx.forward_order(), ctx.exact_norms)
+    if hit is None:
         return None
-    params = record.array("param_norm")
-    if np.isfinite(params).all():
-        return None
-    for i, name in enumerate(record.keys("param_norm")):
-        if _norm_is_nonfinite(params[i], ctx):
-            fault = weight_fault(record.step, ctx.owner(name), name, float(params[i]))
-            fault.detail["kinds"] = _norm_kinds(float(params[i]))
-            return fault
-    return None
+    spec, i, key = hit
+    return _DESCRIBE[spec.kind](record, ctx, i, key)
+
+
+def _weights(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
+    norm = record.value("param_norm", key)
+    fault = weight_fault(record.step, ctx.owner(key), key, norm)
+    fault.detail["kinds"] = _norm_kinds(norm)
+    return fault
+
+
+def _data(record: StepRecord, ctx: RunContext, k: int, key: str) -> Fault:
+    lo, hi = record.value("data.min", key), record.value("data.max", key)
+    ev = _flags(lo, hi)
+    ev.shape, ev.dtype = shape_and_dtype(record.meta.shapes.get(DATA_SHAPE_KEYS[k]))
+    return Fault(record.step, "data", None, ev, {"present": _present(lo, hi),
+                                                 "input": "args[0]" if k == 0 else "extra input"})
+
+
+def _forward(record: StepRecord, ctx: RunContext, slot: int, key: str) -> Fault:
+    lo, hi = float(record.array("act.min")[slot]), float(record.array("act.max")[slot])
+    ev = _flags(lo, hi)
+    ev.shape, ev.dtype = shape_and_dtype(record.meta.shapes.get(slot))
+    name = ctx.module_names[slot]
+    return Fault(record.step, "forward", name, ev, {"present": _present(lo, hi),
+                                                    "module_type": ctx.module_types.get(name, "")})
+
+
+def _loss(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
+    value = record.value("loss", key)
+    return Fault(record.step, "loss", None, TensorEvidence(shape=(), dtype=None),
+                 {"present": _present(value, value), "loss": key})
+
+
+def _outgrad(record: StepRecord, ctx: RunContext, slot: int, key: str) -> Fault:
+    spec = next(r for r in LADDER if r.kind == "outgrad")
+    order = [i for i, _, _ in groups(spec, record.blocks, ctx.forward_order(), record.meta)]
+    at = order.index(slot)
+    previous = order[at - 1] if at > 0 else None  # the module whose backward produced it
+    lo, hi = float(record.array("outgrad.min")[slot]), float(record.array("outgrad.max")[slot])
+    ev = _flags(lo, hi)
+    ev.shape, ev.dtype = shape_and_dtype(record.meta.shapes.get(slot))  # a gradient has its output's shape
+    return Fault(record.step, "gradients", ctx.module_names[previous] if previous is not None else None, ev, {
+        "present": _present(lo, hi),
+        "incoming_to": ctx.module_names[slot],
+        "source": "module backward" if previous is not None else "loss backward",
+    })
+
+
+def _grad_norm(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
+    return Fault(record.step, "gradients", ctx.owner(key), TensorEvidence(), {
+        "present": "non-finite gradient norm", "parameter": key, "grad_norm": record.value("grad_norm", key),
+        "kinds": _norm_kinds(record.value("grad_norm", key)),
+    })
+
+
+def _stale(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
+    return Fault(record.step, "gradients", None, TensorEvidence(), {
+        "present": "non-finite gradients carried over from the previous step",
+        "kinds": _norm_kinds(record.value("misc", key)),
+    })
+
+
+def _update(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
+    return Fault(record.step, "updates", ctx.owner(key), TensorEvidence(), {
+        "present": "non-finite update", "parameter": key, "kinds": _norm_kinds(record.value("update_norm", key)),
+    })
+
+
+#: How a fault at each rung of ``LADDER`` is described.
+_DESCRIBE: dict[str, Callable[[StepRecord, RunContext, int, str], Fault]] = {
+    "weights": _weights, "data": _data, "forward": _forward, "loss": _loss, "outgrad": _outgrad,
+    "grad_norm": _grad_norm, "stale": _stale, "update_norm": _update,
+}
 
 
 def update_ratio(records: Sequence[StepRecord], before_step: int) -> Optional[dict[str, Any]]:

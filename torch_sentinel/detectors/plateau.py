@@ -55,6 +55,8 @@ class PlateauDetector(Detector):
         L = self.loss
         if L.count < self.min_steps or L.start is None or L.low is None or L.now is None:
             return []
+        if self.ctx.adversarial():
+            return []  # an adversarial loss (a GAN's) is not meant to fall (core scoping)
         start, best, now = L.start, L.low, L.now
         if not (start > 0 and best > start * (1 - self.improvement)) or now > start * 1.1:
             return []

@@ -27,6 +27,7 @@ from .._collect.compat import is_compiling as _is_compiling
 from .._collect.graph import graph_leaves, locate_attribute
 from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
+from .._collect.scope import attached_param_ids
 from .._collect.tensors import iter_tensors
 from .._findings import Finding
 from ._common import common_module, threshold
@@ -83,10 +84,11 @@ class UnregisteredParameterDetector(Detector, Probe):
         if _is_compiling() or not self._walk_now(c.step) or len(self._stray) >= 32:
             return
         inputs = {id(r()) for r in self._inputs if r() is not None}
+        others = attached_param_ids()  # another attached model's parameters are its own business
         leaves = graph_leaves(loss)
         reached = any(id(leaf) in self._known for leaf in leaves)
         for leaf in leaves:
-            if id(leaf) in self._known or id(leaf) in inputs or not leaf.requires_grad:
+            if id(leaf) in self._known or id(leaf) in inputs or id(leaf) in others or not leaf.requires_grad:
                 continue
             owner, path = locate_attribute(c.map.modules, leaf)
             late = _registered_now(c.map.root, leaf) if not owner and path == "<unknown>" else None

@@ -33,7 +33,7 @@ def detach_quietly(sentinel: Optional[Sentinel]) -> None:
     if sentinel is None or not sentinel.attached:
         return
     try:
-        sentinel._detach(quiet=True)
+        sentinel.detach(quiet=True)
     except Exception as exc:
         logger.debug("torch_sentinel: detach after an exception failed: %s", exc)
 

@@ -117,14 +117,14 @@ class IncidentRecorder(Probe):
         self._current: Optional[_Capture] = None
         self._previous: Optional[_Capture] = None
         self.written: list[str] = []
-        sentinel._collector.add_probe(self)
+        sentinel.add_probe(self)
         sentinel.on_nonfinite_callbacks.append(self._on_error)
 
     def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.compiler.is_compiling():
             return
         self._previous = None
-        self._current = _Capture(self._sentinel.step, args, kwargs, capture_rng(), self._sentinel._root.training)
+        self._current = _Capture(self._sentinel.step, args, kwargs, capture_rng(), self._sentinel.root.training)
 
     def on_row_close(self, meta: StepMeta) -> None:
         # The step is complete; keep its batch only until the next forward, for a deferred
@@ -149,7 +149,7 @@ class IncidentRecorder(Probe):
         cap = self._capture_for(err.step)
         intact = s.check_mode == "immediate" and err.boundary in _INTACT_BOUNDARIES and s.step == err.step
         params: Optional[dict[str, torch.Tensor]] = None
-        state = s._root.state_dict()
+        state = s.root.state_dict()
         size = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
         if size <= PARAMS_LIMIT_BYTES:
             params = {k: v.detach().to("cpu", copy=True) for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -186,13 +186,13 @@ class IncidentRecorder(Probe):
                 "dtype": err.dtype,
                 "evidence": _plain(err.evidence),
             },
-            "model_type": f"{type(s._root).__module__}.{type(s._root).__qualname__}",
+            "model_type": f"{type(s.root).__module__}.{type(s.root).__qualname__}",
             "manifest": _plain(s.manifest),
         }
 
     def _scalars(self) -> list[dict[str, Any]]:
         out = []
-        for rec in list(self._sentinel._recent)[-SCALARS_KEPT:]:
+        for rec in self._sentinel.recent_records()[-SCALARS_KEPT:]:
             grads = rec.array("grad_norm").astype(np.float64) if rec.has("grad_norm") else np.zeros(0)
             out.append(_plain({
                 "step": rec.step,

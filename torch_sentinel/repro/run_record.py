@@ -27,7 +27,7 @@ class RunRecord:
         self.is_writer = sink_context.is_writer
         writes = self.log_dir is not None and self.is_writer
         sentinel.manifest.update(build_manifest(
-            sentinel._root, sentinel.optimizers, seed=opts.seed, with_git=writes, rank=sentinel.rank,
+            sentinel.root, sentinel.optimizers, seed=opts.seed, with_git=writes, rank=sentinel.rank,
         ))
         sentinel.manifest["check_mode"] = sentinel.check_mode
         if writes:
@@ -38,7 +38,7 @@ class RunRecord:
 
     def close(self) -> None:
         s = self._sentinel
-        finalize(s.manifest, list(s._recent), s.step, s.findings)
+        finalize(s.manifest, s.recent_records(), s.step, s.findings)
         if self.log_dir is not None and self.is_writer:
             self._write()
 

@@ -274,15 +274,11 @@ class ShapeNotes(Probe):
         ))
 
 
-def install_shape_notes(sentinel: Any) -> ShapeNotes:
-    """Wire shape notes into an attached :class:`~torch_sentinel.Sentinel`: hooks in its
-    collector's HookSet (so detach removes them), findings recorded on the sentinel."""
-    c = sentinel._collector
-    notes = ShapeNotes(
-        c.map.modules, c.hooks,
-        on_finding=lambda f: sentinel._add_findings([f], write=True),
-        step=lambda: c.step, rank=sentinel.rank,
-    )
-    c.add_probe(notes)
+def install_shape_notes(collector: Any, on_finding: Callable[[Finding], None], rank: Optional[int]) -> ShapeNotes:
+    """Wire shape notes into a sentinel's collector: hooks in its HookSet (so detach removes
+    them), the model's call delivered as a probe event, findings handed to ``on_finding``."""
+    notes = ShapeNotes(collector.map.modules, collector.hooks, on_finding=on_finding,
+                       step=lambda: collector.step, rank=rank)
+    collector.add_probe(notes)
     return notes
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Sink, SinkContext, build_sinks
+from .base import Sink, SinkContext
+from .build import build_sinks
 
 __all__ = ["Sink", "SinkContext", "build_sinks"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from typing import Any, Optional, Protocol
 from .._collect.records import StepRecord
 from .._findings import Finding
 
-__all__ = ["Sink", "SinkContext", "build_sinks"]
+__all__ = ["Sink", "SinkContext"]
 
 logger = logging.getLogger("torch_sentinel")
 
@@ -68,30 +67,3 @@ class Sink(Protocol):
     def write(self, records: Sequence[StepRecord], findings: Sequence[Finding]) -> None: ...
 
     def close(self) -> None: ...
-
-
-def _prepare_log_dir(ctx: SinkContext) -> bool:
-    """Create the log directory up front, so an unwritable one is reported at attach()."""
-    assert ctx.log_dir is not None
-    try:
-        os.makedirs(ctx.log_dir, exist_ok=True)
-        if not os.access(ctx.log_dir, os.W_OK | os.X_OK):
-            raise PermissionError(f"no write permission on {ctx.log_dir!r}")
-    except OSError as exc:
-        ctx.log_dir_failure("creating the directory", exc)
-        return False
-    return True
-
-
-def build_sinks(ctx: SinkContext) -> list[Sink]:
-    """The sinks for a run: console logging always; TensorBoard and JSONL with a log_dir."""
-    from .console import ConsoleSink
-
-    sinks: list[Sink] = [ConsoleSink(ctx)]
-    if ctx.log_dir is not None and ctx.is_writer and _prepare_log_dir(ctx):
-        from .jsonl import JsonlSink
-        from .tensorboard import TensorBoardSink
-
-        sinks.append(JsonlSink(ctx))
-        sinks.append(TensorBoardSink(ctx))
-    return sinks

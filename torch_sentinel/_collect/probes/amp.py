@@ -53,9 +53,11 @@ class AmpProbe(Probe):
         self._depth += 1
         self._stepped = False
 
-    def after_scaler_step(self, scaler: Any) -> bool:
+    def after_scaler_step(self, scaler: Any, raised: bool = False) -> bool:
         """Whether the scaler skipped the optimizer's step (it found inf/NaN gradients)."""
         self._depth -= 1
+        if raised:
+            return False  # the step raised: the user's exception says what happened
         enabled = getattr(scaler, "is_enabled", lambda: True)()
         if enabled and not self._stepped:
             self.host.meta.amp = True

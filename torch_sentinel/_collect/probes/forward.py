@@ -60,7 +60,10 @@ class ForwardProbe(Probe):
                 break
         detail: dict[str, Any] = {"module_type": type(module).__name__, "inputs_finite": inputs_finite}
         if not inputs_finite:
-            # The input went bad in functional code between submodules: blame the caller.
+            # The input went bad in functional code between submodules: blame the caller, and
+            # name the caller's type (not the child's) next to the caller's name.
             detail["first_nonfinite_output_of"] = name
+            detail["first_nonfinite_output_type"] = detail["module_type"]
             name = name.rpartition(".")[0] if name else name
+            detail["module_type"] = host.map.type_of(name)
         host.on_fault(Fault(host.step, "forward", name, tensor_evidence(t), detail))

@@ -1,12 +1,16 @@
 """The training loss: the sum of the losses ``backward()`` was called on, or the explicit one.
 
 ``loss.auto`` sums every captured backward of the step (``(loss / k).backward()`` over k
-micro-batches records the mean); ``loss.explicit`` is ``sentinel.observe_loss``; ``loss.validation``
+micro-batches records the mean). A backward is *pending* until the optimizer's step (or the
+row's close) commits it; pending ones are dropped when the model's gradients are cleared before
+its step (``discard``), so a loss whose gradients never reach this model's update is not its
+loss (the scoping rule of ``scope.py``); ``loss.explicit`` is ``sentinel.observe_loss``; ``loss.validation``
 is ``sentinel.observe_validation`` when given as a tensor.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import torch
@@ -26,14 +30,64 @@ class LossProbe(Probe):
     def setup(self, host: ProbeHost) -> None:
         self.host = host
         self.block = host.ledger.add_block("loss", ["auto", "explicit", "validation"])
+        #: Losses of the backward calls not yet committed to a step (outside the row: they
+        #: may outlive a row close), and how many.
+        self.pending = torch.zeros((), dtype=torch.float32, device=host.device)
+        self.pending_calls = 0
+        self._pending_view = self.pending.numpy() if host.device.type == "cpu" else None
+        self._scratch = torch.zeros((), dtype=torch.float32, device=host.device)
+        self._scratch_view = self._scratch.numpy() if host.device.type == "cpu" else None
 
     def on_backward(self, loss: torch.Tensor) -> None:
         host = self.host
-        i = self.block.start
         host.ledger.fit(loss.dtype)  # a float64 loss beyond float32's range stays finite
-        host.ledger.views[i].add_(loss.detach().reshape(()))
-        if host.immediate and not host.meta.loss_explicit and not host.finite(i):
+        self._fit()
+        self.pending.add_(loss.detach().reshape(()))
+        self.pending_calls += 1
+        if host.immediate and not host.meta.loss_explicit and not self._pending_finite():
             host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {}))
+
+    def _fit(self) -> None:
+        """The pending sum in the row's dtype (float64 once a float64 loss was seen)."""
+        dtype = self.host.ledger.dtype
+        if self.pending.dtype is not dtype:
+            self.pending = self.pending.to(dtype)
+            self._pending_view = self.pending.numpy() if self.pending.device.type == "cpu" else None
+
+    def check_now(self, loss: torch.Tensor) -> None:
+        """Immediate mode, before a backward on ``loss`` starts: is it finite?"""
+        host = self.host
+        if host.meta.loss_explicit:
+            return
+        if self._scratch.dtype is not loss.dtype and loss.dtype is torch.float64:
+            self._scratch = self._scratch.double()  # a float64 loss beyond float32's range is finite
+            self._scratch_view = self._scratch.numpy() if self._scratch.device.type == "cpu" else None
+        self._scratch.copy_(loss.detach().reshape(()))
+        view = self._scratch_view
+        if not math.isfinite(float(view) if view is not None else read_now(self._scratch)):
+            host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {}))
+
+    def _pending_finite(self) -> bool:
+        view = self._pending_view
+        return math.isfinite(float(view) if view is not None else read_now(self.pending))
+
+    def discard(self) -> int:
+        """Drop the pending losses (their gradients were cleared); how many there were."""
+        n, self.pending_calls = self.pending_calls, 0
+        self.pending.zero_()
+        return n
+
+    def commit(self) -> None:
+        if self.pending_calls:
+            self.host.ledger.views[self.block.start].add_(self.pending)
+            self.pending.zero_()
+            self.pending_calls = 0
+
+    def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self.commit()
+
+    def on_row_close(self, meta: StepMeta) -> None:
+        self.commit()  # a row closed without a step (the AMP scaler skipped it)
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         host = self.host

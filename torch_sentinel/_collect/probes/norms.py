@@ -42,6 +42,8 @@ class NormsProbe(Probe):
         self._missing_index_cache: dict[tuple[int, ...], torch.Tensor] = {}
         #: dtypes already warned about (no norm for them on this device).
         self._skipped: set[torch.dtype] = set()
+        #: The step whose row holds a stale-gradient norm (it may have to be taken back).
+        self._stale_step = -1
 
     # -- events ---------------------------------------------------------------------------
     def on_backward(self, loss: torch.Tensor) -> None:
@@ -75,6 +77,16 @@ class NormsProbe(Probe):
                 norms = foreach_norms(stale)
                 total = torch.linalg.vector_norm(torch.stack([n.to(host.device) for n in norms]))
                 host.ledger.views[host.ledger.block("misc").start].copy_(total)
+            self._stale_step = host.step
+
+    def cleared(self) -> None:
+        """The gradients were cleared after this step's first backward (which is dropped):
+        what it measured as stale is not."""
+        host = self.host
+        host.meta.stale_grads = 0
+        if self._stale_step == host.step:
+            host.ledger.views[host.ledger.block("misc").start].zero_()
+            self._stale_step = -1
 
     def _weights_due(self) -> bool:
         """Whether this step reads every weight for its norm.
