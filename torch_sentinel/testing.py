@@ -52,8 +52,8 @@ def _bool_indexing(func: Any, args: tuple[Any, ...]) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices or ())
 
 
-class HostSyncCounter(TorchDispatchMode):
-    """Counts ops that force a device→host read, by op name."""
+class _OpCounter(TorchDispatchMode):
+    """Counts the dispatched ops that :meth:`counts` selects, by op name."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -63,10 +63,20 @@ class HostSyncCounter(TorchDispatchMode):
     def count(self) -> int:
         return sum(self.ops.values())
 
+    def counts(self, func: Any, args: tuple[Any, ...]) -> bool:
+        raise NotImplementedError
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if func in SYNC_OPS or _bool_indexing(func, args):
+        if self.counts(func, args):
             self.ops[str(func.overloadpacket.__name__)] += 1
         return func(*args, **(kwargs or {}))
+
+
+class HostSyncCounter(_OpCounter):
+    """Counts ops that force a device→host read, by op name."""
+
+    def counts(self, func: Any, args: tuple[Any, ...]) -> bool:
+        return func in SYNC_OPS or _bool_indexing(func, args)
 
 
 @contextlib.contextmanager
@@ -92,23 +102,13 @@ _NO_LAUNCH = frozenset(
 )
 
 
-class LaunchCounter(TorchDispatchMode):
+class LaunchCounter(_OpCounter):
     """Counts the ops that launch device work, by op name (views, ``detach`` and allocations
     are metadata-only and not counted). A ``torch._foreach_*`` op counts once, as it runs as a
     few multi-tensor kernels on CUDA whatever the list's length."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    @property
-    def count(self) -> int:
-        return sum(self.ops.values())
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if not func.is_view and func not in _NO_LAUNCH:
-            self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
+    def counts(self, func: Any, args: tuple[Any, ...]) -> bool:
+        return not func.is_view and func not in _NO_LAUNCH
 
 
 @contextlib.contextmanager
