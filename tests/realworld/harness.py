@@ -6,6 +6,8 @@ training code. It defines:
 - ``MODELLED_ON``: the public program it imitates (repository and path);
 - ``BUGS``: ``{name: Bug(...)}``, the one-line bugs it can inject, with what should be found;
 - ``HEALTHY_XFAIL``: None, or why the healthy run is known to get a false alarm today;
+- ``ADVERSARIAL`` (optional): True for programs whose losses oscillate by design (GANs): the
+  healthy run must be quiet; the "learns" check is skipped;
 - ``run(bug, log_dir) -> list[float]``: trains (calling ``torch_sentinel.attach`` as a user
   would, with ``log_dir``) and returns the training losses it printed/logged itself.
 

@@ -92,10 +92,13 @@ def test_corpus_has_ten_programs_with_two_bugs_each() -> None:
 
 @pytest.mark.parametrize("name", _healthy_params())
 def test_healthy_program_is_quiet_and_learns(name: str, tmp_path: pathlib.Path) -> None:
-    outcome = execute(load(name), None, tmp_path)
+    program = load(name)
+    outcome = execute(program, None, tmp_path)
     _record(name, None, outcome, None, [f.kind for f in outcome.faults])
     assert outcome.error is None, repr(outcome.error)
     assert [str(f) for f in outcome.faults] == []
+    if getattr(program, "ADVERSARIAL", False):
+        return  # a GAN's losses oscillate by design; quiet is the whole requirement
     losses = outcome.losses
     assert len(losses) >= 20
     tail = sum(losses[-5:]) / 5

@@ -22,9 +22,9 @@ from torch import nn
 import torch_sentinel
 
 MODELLED_ON = "pytorch/examples dcgan/main.py"
-HEALTHY_XFAIL: Optional[str] = (
-    "quiet since core v2 (the container is marked adversarial), but the harness's 'learns' "
-    "check (last losses below 0.8x the first) does not hold for adversarial GAN losses")
+HEALTHY_XFAIL: Optional[str] = None
+#: Adversarial losses are not expected to fall: the healthy run must be quiet, not "learn".
+ADVERSARIAL = True
 BUGS = {
     "optimizerG_over_netD": Bug("optimizerG = optim.Adam(netD.parameters(), ...)",
                                 "unregistered_parameter", module="netG"),
