@@ -178,10 +178,11 @@ class GPT(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)
 
 
-def gpt(device: torch.device, tiny: bool = False) -> Workload:
-    vocab, d, n_layers, heads, seq, batch = (
-        (64, 16, 2, 2, 8, 2) if tiny else (32000, 512, 8, 8, 512, 16)
-    )
+def _gpt_workload(
+    device: torch.device, shape: tuple[int, int, int, int, int, int], seed: int, name: str
+) -> Workload:
+    """A GPT language-model workload of ``shape`` = (vocab, d, layers, heads, seq, batch)."""
+    vocab, d, n_layers, heads, seq, batch = shape
     model = GPT(vocab, d, n_layers, heads, seq)
     data = _batches(
         lambda g: (
@@ -189,37 +190,28 @@ def gpt(device: torch.device, tiny: bool = False) -> Workload:
             torch.randint(0, vocab, (batch, seq), generator=g),
         ),
         4,
-        4,
+        seed,
         device,
     )
     return Workload(
         model.to(device),
         data,
         _token_ce,
-        f"GPT LM {n_layers} layers, d {d}, seq {seq}, batch {batch}, vocab {vocab}",
+        f"{name}: {n_layers} layers, d {d}, {heads} heads, seq {seq}, batch {batch}, vocab {vocab}",
     )
+
+
+_TINY_GPT = (64, 16, 2, 2, 8, 2)
+
+
+def gpt(device: torch.device, tiny: bool = False) -> Workload:
+    return _gpt_workload(device, _TINY_GPT if tiny else (32000, 512, 8, 8, 512, 16), 4, "GPT LM")
 
 
 def gpt2_small(device: torch.device, tiny: bool = False) -> Workload:
     """GPT-2 small's shape (12 layers, d 768, 12 heads, vocab 50257, context 1024), batch 8."""
-    vocab, d, n_layers, heads, seq, batch = (
-        (64, 16, 2, 2, 8, 2) if tiny else (50257, 768, 12, 12, 1024, 8)
-    )
-    model = GPT(vocab, d, n_layers, heads, seq)
-    data = _batches(
-        lambda g: (
-            torch.randint(0, vocab, (batch, seq), generator=g),
-            torch.randint(0, vocab, (batch, seq), generator=g),
-        ),
-        4,
-        6,
-        device,
-    )
-    return Workload(
-        model.to(device),
-        data,
-        _token_ce,
-        f"GPT-2 small shape: {n_layers} layers, d {d}, {heads} heads, seq {seq}, batch {batch}, vocab {vocab}",
+    return _gpt_workload(
+        device, _TINY_GPT if tiny else (50257, 768, 12, 12, 1024, 8), 6, "GPT-2 small shape"
     )
 
 
