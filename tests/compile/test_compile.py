@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
@@ -196,3 +197,32 @@ def test_blind_hooks_option_is_validated_at_attach() -> None:
     model, opt = _setup()
     with pytest.raises(ValueError, match=r"blind_hooks='ignore' is not valid\n\s+expected: one of 'reset', 'raise'"):
         torch_sentinel.attach(model, opt, blind_hooks="ignore")
+
+
+# ---------------------------------------------------------------------------- what is not watched
+class FunctionalNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.nn.functional.relu(self.fc1(x)))  # FUNCTIONAL-RELU
+
+
+@pytest.mark.parametrize("functional", [True, False], ids=["functional-relu", "relu-module"])
+def test_unwatched_functional_relu_is_said_at_the_first_step(functional: bool) -> None:
+    torch.manual_seed(0)
+    model: nn.Module = FunctionalNet() if functional else Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with torch_sentinel.attach(model, opt, check="deferred", flush_every=2) as sentinel:
+        _train(torch.compile(model, backend=BACKEND), opt, 3)
+    infos = [f for f in sentinel.report().findings if f.kind == "dead_relu"]
+    if not functional:
+        assert infos == []  # nn.ReLU is watched under compile: nothing to say
+        return
+    (info,) = infos
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# FUNCTIONAL-RELU" in text)
+    assert (info.severity, info.step, info.evidence["not_watched"]) == ("info", 0, "dead_relu")
+    assert info.evidence["functional_relu_calls"] == [f"{__file__}:{line}"]
+    assert "ReLUs called as functions inside compiled code" in info.message

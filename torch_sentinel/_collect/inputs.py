@@ -3,6 +3,11 @@
 Mean and std go into ledger slots (one ``std_mean``); for tabular inputs ``(batch, features)``
 a per-feature "varied within some batch" mask is OR-ed over the window, so a feature that is
 constant in every batch (std 0: a broken join, a filled column) shows up. No host read.
+
+Under ``torch.compile`` the hook is traced and runs every step inside the graph: the mean, the
+std and the per-feature "varied" vector are reduced there (fused), and the vector is folded into
+the window's mask outside the graph, at run time, by ``graph_taps`` (the mask's size is only
+known from the batch; sampling is decided at run time, so nothing recompiles).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from .graph_taps import MaskTap
 from .probe import Probe, ProbeHost
 from .records import StepMeta
 from .transfer import AsyncFetch
@@ -31,11 +37,17 @@ class InputStats(Probe):
         self.mask_steps = 0
         self._slots = (0, 0)
         self._masked_step = -1
+        self.tap: Optional[MaskTap] = None
 
     def setup(self, host: ProbeHost) -> None:
         self.host = host
         block = host.ledger.add_block("input_stats", ["mean", "std"])
         self._slots = (block.start, block.start + 1)
+        self.tap = MaskTap(self._from_graph, host.device)
+
+    def close(self) -> None:
+        if self.tap is not None:
+            self.tap.close()
 
     def on_data(self, t: torch.Tensor, main: bool, name: Optional[str], compiling: bool) -> None:
         c = self.host
@@ -48,20 +60,33 @@ class InputStats(Probe):
             std, mean = torch.std_mean(x) if x.numel() > 1 else (torch.zeros((), device=x.device), x.reshape(()))
             views[self._slots[0]].copy_(mean)
             views[self._slots[1]].copy_(std)
+            tabular = x.ndim == 2 and 2 <= x.shape[1] <= _MAX_FEATURES and x.shape[0] > 1
             if compiling:
                 # Traced into the graph and run every step (no host step counter in compiled
-                # code); on_row_close marks the rows. The constant-feature mask is not kept.
+                # code); on_row_close marks the rows, and the mask is folded at run time.
+                if tabular and self.tap is not None:
+                    lo, hi = torch.aminmax(x, dim=0)
+                    self.tap.emit(0, hi > lo)
                 return
             c.meta.extra["input_stats"] = True
-            if x.ndim == 2 and 2 <= x.shape[1] <= _MAX_FEATURES and x.shape[0] > 1:
-                if self.varied is None or self.varied.shape[0] != x.shape[1]:
-                    self.varied = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)
-                    self.mask_steps = 0
+            if tabular:
                 lo, hi = torch.aminmax(x, dim=0)
-                torch.logical_or(self.varied, hi > lo, out=self.varied)
-                if self._masked_step != c.step:
-                    self._masked_step = c.step
-                    self.mask_steps += 1
+                self._fold(hi > lo)
+
+    def _fold(self, varied: torch.Tensor) -> None:
+        if self.varied is None or self.varied.shape[0] != varied.shape[0]:
+            self.varied = torch.zeros(varied.shape[0], dtype=torch.bool, device=varied.device)
+            self.mask_steps = 0
+        torch.logical_or(self.varied, varied, out=self.varied)
+        if self._masked_step != self.host.step:
+            self._masked_step = self.host.step
+            self.mask_steps += 1
+
+    def _from_graph(self, key: int, varied: torch.Tensor) -> None:
+        """Run time, from compiled code: the eager schedule (sampled steps only), then fold."""
+        step = self.host.step
+        if step < self.first or step % self.every == 0:
+            self._fold(varied)
 
     def on_row_close(self, meta: StepMeta) -> None:
         if self.host.traced:

@@ -9,10 +9,19 @@ as ``F.relu(self.fc(x))`` inside ``Block.forward`` is reported as ``Block``'s.
 Each site keeps a boolean "fired at least once" mask per unit on the device, OR-ed over the
 steps of a window: one ``amax`` and one ``logical_or`` per call, no host read. Units are
 features (last dim) for Linear-like outputs and channels (dim 1) for conv outputs.
+
+Under ``torch.compile`` the stack cannot be walked from traced code, so ``nn.ReLU`` modules are
+watched through their forward hooks instead: the per-unit "fired" vector is reduced inside the
+compiled graph (fused by inductor) and folded into the site's mask outside it, at run time, by
+``graph_taps`` (no graph break, nothing to guard on: sampling is decided at run time). Units are
+then taken from the last dim, or dim 1 for 4-D and larger outputs, and for 3-D ones when the
+model has a ``Conv1d``. Functional ReLUs inside compiled code are not watched (the detector says so).
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 import sys
 import weakref
 from collections.abc import Iterable
@@ -22,6 +31,7 @@ import torch
 from torch import nn
 
 from .compat import is_compiling as _is_compiling
+from .graph_taps import MaskTap, available
 from .patches import patch_for
 from .probe import Probe, ProbeHost
 from .records import StepMeta
@@ -33,6 +43,33 @@ __all__ = ["ReluSite", "ReluWatch"]
 #: How far up the stack to look for the module that applied the ReLU: the listener, the patch
 #: wrapper, F.relu and its wrapper, nn.ReLU.forward and Module._call_impl fit in eight frames.
 _FRAME_DEPTH = 8
+
+
+#: A ReLU called as a function in a forward's source: F.relu(x), torch.relu_(x), x.relu(),
+#: relu(x); ``self.relu(x)`` (``self.block.relu(x)``) is a module's call, watched by its hook.
+_FUNCTIONAL = re.compile(r"(?<![\w.])((?:\w+\.)*)relu_?\s*\(")
+_ON_RESULT = re.compile(r"[)\]]\s*\.relu_?\s*\(")
+
+
+def _functional_relu_lines(modules: Iterable[nn.Module]) -> list[str]:
+    seen: set[Any] = set()
+    found: list[str] = []
+    for m in modules:
+        forward = getattr(type(m), "forward", None)
+        code = getattr(forward, "__code__", None)
+        if code is None or code in seen or type(m).__module__.startswith("torch."):
+            continue
+        seen.add(code)
+        try:
+            lines, first = inspect.getsourcelines(forward)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            continue
+        me = code.co_varnames[0] + "." if code.co_argcount else "self."
+        for i, line in enumerate(lines):
+            text = line.split("#", 1)[0]
+            if _ON_RESULT.search(text) or any(not m.group(1).startswith(me) for m in _FUNCTIONAL.finditer(text)):
+                found.append(f"{code.co_filename}:{first + i}")
+    return found
 
 
 def _relu_functions() -> list[tuple[Any, str]]:
@@ -69,18 +106,35 @@ class ReluWatch(Probe):
         self._last: Optional[weakref.ref[torch.Tensor]] = None
         self._touched: set[tuple[str, int, int]] = set()
         self._conv1d_shapes: set[tuple[int, ...]] = set()
+        self._has_conv1d = False
+        self.tap: Optional[MaskTap] = None
 
     def setup(self, host: ProbeHost) -> None:
         self.host = host
         self._modules = {id(m): name for name, m in host.map.modules}
+        self._has_conv1d = any(isinstance(m, nn.Conv1d) for _, m in host.map.modules)
         for owner, attr in _relu_functions():
             host.hooks.subscribe(patch_for(owner, attr), self)
+        self.tap = MaskTap(self._from_graph, host.device)
 
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
-        return [m for _, m in host.map.modules if isinstance(m, nn.Conv1d)]
+        return [m for _, m in host.map.modules if isinstance(m, (nn.Conv1d, nn.ReLU))]
 
     def close(self) -> None:
         self.host = None
+        if self.tap is not None:
+            self.tap.close()
+
+    def unwatched_under_compile(self) -> list[str]:
+        """What ``torch.compile`` hides from this watch: ``file:line`` of each functional ReLU
+        call in the source of the model's own ``forward`` methods (or every ReLU, without
+        ``torch.library.custom_op``). Host-side, from the source: nothing is traced."""
+        c = self.host
+        if c is None:
+            return []
+        if not available():  # pragma: no cover - torch < 2.4
+            return [n or "<model>" for n, m in c.map.modules if isinstance(m, nn.ReLU)]
+        return _functional_relu_lines(m for _, m in c.map.modules)
 
     # -- patch listener -----------------------------------------------------------------
     def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -146,8 +200,36 @@ class ReluWatch(Probe):
         self._touched.add(key)
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
-        if t.ndim == 3:
-            self._conv1d_shapes.add(tuple(t.shape))
+        if not compiling:
+            if t.ndim == 3 and isinstance(module, nn.Conv1d):
+                self._conv1d_shapes.add(tuple(t.shape))
+            return  # eager ReLUs come through the function patches, with their call site
+        if not isinstance(module, nn.ReLU) or self.tap is None:
+            return
+        if t.ndim < 2 or not t.is_floating_point():
+            return
+        # Traced: the per-unit reduction becomes part of the graph; the fold runs outside it.
+        channels = t.ndim >= 4 or (t.ndim == 3 and self._has_conv1d)
+        dim = 1 if channels else t.ndim - 1
+        with torch.no_grad():
+            d = t.detach()
+            peak = d.amax(dim=tuple(i for i in range(d.ndim) if i != dim))
+            self.tap.emit(2 * slot + int(channels), peak > 0)
+
+    def _from_graph(self, key: int, fired: torch.Tensor) -> None:
+        """Run time, from compiled code: fold one ReLU module's per-unit vector into its site."""
+        c = self.host
+        if c is None or c.step % self.every or fired.numel() == 0:
+            return
+        slot, channels = divmod(key, 2)
+        units = int(fired.shape[0])
+        site_key = (c.module_names[slot], 1 if channels else -1, units)
+        site = self.sites.get(site_key)
+        if site is None:
+            alive = torch.zeros(units, dtype=torch.bool, device=fired.device)
+            site = self.sites[site_key] = ReluSite(site_key[0], site_key[1], alive)
+        torch.logical_or(site.alive, fired, out=site.alive)
+        self._touched.add(site_key)
 
     def on_row_close(self, meta: StepMeta) -> None:
         for key in self._touched:

@@ -62,17 +62,25 @@ class DeadReluDetector(Detector):
         return found
 
     def _blind_under_compile(self, records: Sequence[StepRecord]) -> list[Finding]:
+        """Under torch.compile ``nn.ReLU`` modules are watched (reduced in the graph, folded
+        outside it); functional ReLU calls inside compiled code are not: say which, once."""
         host = self.watch.host
-        if self._said_blind or host is None or not host.traced or self.watch.sites or not records:
+        if self._said_blind or host is None or not host.traced or not records:
             return []
         self._said_blind = True
+        lines = self.watch.unwatched_under_compile()
+        if not lines:
+            return []
+        watched = [n or "<model>" for n, t in self.ctx.module_types.items() if t == "ReLU"]
         return [self.finding(
-            "dead_relu is not watched under torch.compile: ReLU calls inside compiled code are not "
-            "seen (their per-unit liveness masks would have to be created inside the compiled graph). "
-            "Every other check runs; to check for dead units, run a few steps without torch.compile",
+            f"dead_relu does not watch the ReLUs called as functions inside compiled code "
+            f"({', '.join(lines[:4])}{', ...' if len(lines) > 4 else ''}): under torch.compile the "
+            "call cannot be attributed to a module. nn.ReLU modules are watched"
+            f"{' (' + ', '.join(watched[:8]) + ')' if watched else ' (the model has none)'}; "
+            "to check the functional ones, use nn.ReLU modules or run a few steps without torch.compile",
             step=records[0].step, severity="info",
-            evidence={"not_watched": "dead_relu", "reason": "torch.compile", "relu_modules":
-                      [n for n, t in self.ctx.module_types.items() if t == "ReLU"][:8]},
+            evidence={"not_watched": "dead_relu", "reason": "torch.compile",
+                      "functional_relu_calls": lines[:8], "relu_modules": watched[:8]},
             next_check="run_a_few_steps_eagerly",
         )]
 

@@ -14,6 +14,7 @@ inputs, so the scale check is skipped there; constant features are still reporte
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import ClassVar, Optional
 
@@ -74,11 +75,10 @@ class UnnormalizedInputDetector(Detector):
                     self._first_sampled = rec.step
                 self._samples.append((rec.step, rec.value("input_stats", "mean"),
                                       rec.value("input_stats", "std"), lo, hi))
-        found = self._scale_finding() + self._constant_finding(block=False)
-        return found
+        return _one(self._scale_finding(), self._constant_finding(block=False))
 
     def finish(self) -> Iterable[Finding]:
-        return self._scale_finding() + self._constant_finding(block=True)
+        return _one(self._scale_finding(), self._constant_finding(block=True))
 
     def _scale_finding(self) -> list[Finding]:
         if self._scale_done or len(self._samples) < self.min_steps:
@@ -134,3 +134,12 @@ class UnnormalizedInputDetector(Detector):
                       "first_constant_features": const[:8].tolist(), "steps_sampled": steps},
             next_check="inspect_data_pipeline",
         )]
+
+
+def _one(scale: list[Finding], constant: list[Finding]) -> list[Finding]:
+    """Both problems found at once are one finding: the session keeps one finding per kind and
+    place, so a second one of this kind would be dropped."""
+    if not (scale and constant):
+        return scale + constant
+    a, b = scale[0], constant[0]
+    return [dataclasses.replace(a, message=f"{a.message}; and {b.message}", evidence={**a.evidence, **b.evidence})]
