@@ -10,18 +10,26 @@ guard on a module's hook dicts. Measured on torch 2.13, hooks then never run in 
 Nothing fails: the sentinel would simply watch with blind eyes. So the first steps are checked
 on the host, from the landed rows alone: a step whose optimizer saw gradients but whose batch
 and module outputs never reached a slot means the forward hooks did not run. The fix is to drop
-the compiled code (``torch._dynamo.reset()``, process-wide, logged) so the next call recompiles
-with the hooks in place; if the hooks are still silent after that, or when resetting is not
-wanted, :class:`InstrumentationError` says how to attach correctly.
+the compiled code of this model only, logged, so that its next call recompiles with the hooks
+in place: dynamo keeps its cache on each code object, and ``torch.compile(model)`` compiles the
+frame of the model class's own ``forward`` (of a dynamo wrapper for a ``torch.nn`` container,
+of ``Module._call_impl`` after ``model.compile()``), so resetting those code objects' caches
+drops what this model runs and nothing else (other instances of the same class recompile once
+too). Every other compiled function in the process keeps its code: dynamo is never reset
+process-wide. If no compiled code of the model is found (a compiled training-step function
+holds it), if the hooks are still silent after the reset, or when resetting is not wanted,
+:class:`InstrumentationError` says how to attach correctly.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import types
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import numpy as np
+from torch import nn
 
 from ._collect.collector import Collector, Fault
 from ._collect.ledger import FLOAT_MAX
@@ -39,25 +47,60 @@ logger = logging.getLogger("torch_sentinel")
 BLIND_HOOK_POLICIES = ("reset", "raise")
 
 
-def _dynamo_compiled_anything() -> bool:
+def _cache_entries(code: types.CodeType) -> int:
     try:
-        from torch._dynamo.utils import counters
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    except Exception:  # pragma: no cover - torch without dynamo
+        return 0
+    return len(_debug_get_cache_entry_list(code))
+
+
+def model_codes(modules: Iterable[nn.Module]) -> list[types.CodeType]:
+    """The code objects holding compiled code that this model's calls run through.
+
+    ``torch.compile(model)`` runs the root's hooks eagerly and compiles the frame of its class's
+    ``forward`` (a graph break gives a submodule's ``forward`` a frame of its own); a root that
+    is a ``torch.nn`` class is compiled through dynamo's ``wrap_inline`` wrapper, and
+    ``model.compile()`` compiles ``Module._call_impl``. Only code objects with cache entries count.
+    """
+    mods = list(modules)
+    candidates: list[types.CodeType] = []
+    for m in mods:
+        code = getattr(getattr(type(m), "forward", None), "__code__", None)
+        if isinstance(code, types.CodeType) and not type(m).__module__.startswith("torch."):
+            candidates.append(code)
+    if mods:
+        try:
+            from torch._dynamo.external_utils import wrap_inline
+
+            candidates.append(wrap_inline(mods[0]).__code__)
+        except Exception:  # pragma: no cover - older dynamo
+            pass
+        if getattr(mods[0], "_compiled_call_impl", None) is not None:
+            candidates.append(nn.Module._call_impl.__code__)
+    found: list[types.CodeType] = []
+    for code in candidates:
+        if code not in found and _cache_entries(code):
+            found.append(code)
+    return found
+
+
+def _reset_codes(codes: Sequence[types.CodeType]) -> bool:
+    """Drop dynamo's compiled code for these code objects only (their next call recompiles)."""
+    try:
+        from torch._dynamo.eval_frame import remove_from_cache
     except Exception:  # pragma: no cover - torch without dynamo
         return False
-    return bool(counters["frames"].get("ok", 0))
-
-
-def _dynamo_reset() -> None:
-    import torch._dynamo
-
-    torch._dynamo.reset()
+    for code in codes:
+        remove_from_cache(code)  # a code object: resets its cache alone, never process-wide
+    return True
 
 
 class HookLiveness:
     """Watches the first ``probe_steps`` steps that had gradients; settles once hooks are seen."""
 
     def __init__(self, model_name: str, owner_slots: Sequence[int], policy: str = "reset",
-                 probe_steps: int = 2) -> None:
+                 probe_steps: int = 2, modules: Sequence[nn.Module] = ()) -> None:
         if policy not in BLIND_HOOK_POLICIES:
             raise ValueError(f"blind_hooks={policy!r} is not valid: expected one of {BLIND_HOOK_POLICIES}")
         self.model_name = model_name
@@ -68,13 +111,16 @@ class HookLiveness:
         self.proven = False
         self.reset_at: Optional[int] = None
         self._blind: list[int] = []
+        self._modules = list(modules)
+        #: ``file:line (name)`` of each code object whose compiled code was dropped.
+        self.reset_codes: list[str] = []
 
     @classmethod
     def for_collector(cls, collector: Collector, param_owner: dict[str, str], model_name: str,
                       policy: str) -> HookLiveness:
         slot = {name: i for i, name in enumerate(collector.module_names)}
         owners = [slot.get(param_owner.get(name, ""), 0) for name, _ in collector.params]
-        return cls(model_name, owners, policy)
+        return cls(model_name, owners, policy, modules=[m for _, m in collector.map.modules])
 
     @property
     def settled(self) -> bool:
@@ -97,16 +143,17 @@ class HookLiveness:
         self._blind.append(record.step)
         if len(self._blind) < self.probe_steps and self.reset_at is None:
             return
-        if self.reset_at is None and self.policy == "reset" and _dynamo_compiled_anything():
+        codes = model_codes(self._modules) if self.reset_at is None and self.policy == "reset" else []
+        if codes and _reset_codes(codes):
+            self.reset_codes = [f"{c.co_filename}:{c.co_firstlineno} ({c.co_name})" for c in codes]
             logger.warning(
                 "torch_sentinel: the forward hooks on %s did not run during steps %s although the "
                 "optimizer saw gradients: torch.compile reused code compiled without them "
-                "(skip_nnmodule_hook_guards). Resetting torch._dynamo's compiled code "
-                "(torch._dynamo.reset(), process-wide) so the next call recompiles with the hooks. "
-                "To avoid the recompile, attach before the first compiled call.",
-                self.model_name, self._blind,
+                "(skip_nnmodule_hook_guards). Dropping the compiled code of this model only (%s) "
+                "so its next call recompiles with the hooks; every other compiled function keeps "
+                "its code. To avoid the recompile, attach before the first compiled call.",
+                self.model_name, self._blind, ", ".join(self.reset_codes),
             )
-            _dynamo_reset()
             self.reset_at = current_step + 1
             self._blind = []
             return
@@ -114,7 +161,7 @@ class HookLiveness:
 
     def _message(self) -> str:
         steps = ", ".join(str(s) for s in self._blind)
-        after = " even after resetting torch._dynamo's compiled code" if self.reset_at is not None else ""
+        after = " even after dropping the model's compiled code" if self.reset_at is not None else ""
         return format_message(
             f"torch_sentinel's forward hooks on {self.model_name} never ran{after}: "
             "it would be watching with blind eyes",
@@ -126,8 +173,10 @@ class HookLiveness:
                 "then model = torch.compile(model)), or compile a fresh model after attaching; "
                 "hooks added after compilation, or a hook-less instance of the same class compiled "
                 "earlier, are skipped under torch._dynamo.config.skip_nnmodule_hook_guards=True "
-                "(setting it to False also works). Call the model as model(x), not "
-                "model.forward(x), which bypasses all hooks."
+                "(setting it to False also works). When a compiled training-step function holds "
+                "the model, recompile it after attaching (torch._dynamo.reset() drops every compiled "
+                "function in the process: the sentinel never calls it). Call the model as "
+                "model(x), not model.forward(x), which bypasses all hooks."
             ),
         )
 

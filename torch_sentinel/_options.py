@@ -150,8 +150,9 @@ class Options:
     per_rank_logs: bool = False
     #: In distributed runs, reduce non-finite flags across ranks so every rank raises together.
     sync_ranks: bool = True
-    #: When torch.compile silently skipped the hooks: "reset" drops dynamo's compiled code once
-    #: (logged) so it recompiles with them; "raise" raises InstrumentationError instead.
+    #: When torch.compile silently skipped the hooks: "reset" drops the compiled code of this
+    #: model only, once (logged), so it recompiles with them (every other compiled function
+    #: keeps its code; dynamo is never reset process-wide); "raise" raises InstrumentationError.
     blind_hooks: str = "reset"
     #: The number of the first step watched: a resumed run continues its step numbering
     #: (TensorBoard, findings, incidents) from here instead of restarting at 0.

@@ -166,8 +166,23 @@ def test_skipped_hooks_are_reproduced_by_torch(case: str) -> None:
     assert _reproduces_blindness(model, compiled)
 
 
+def _unrelated(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() + 1
+
+
+def _compile_ids(fn: Callable[..., Any]) -> list[str]:
+    return [str(e.compile_id) for e in torch._dynamo.eval_frame._debug_get_cache_entry_list(fn)]
+
+
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_blind_hooks_are_reset_and_then_proven(case: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_blind_hooks_are_reset_for_this_model_only_and_then_proven(
+    case: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    resets: list[int] = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    other = torch.compile(_unrelated, backend=BACKEND)
+    other(torch.randn(3))
+    other_code = _compile_ids(_unrelated)
     model, compiled, opt = CASES[case]()
     sentinel = torch_sentinel.attach(model, opt, check="deferred", flush_every=2)
     if compiled is None:
@@ -176,10 +191,29 @@ def test_blind_hooks_are_reset_and_then_proven(case: str, caplog: pytest.LogCapt
         _train(compiled, opt, 6)
         assert sentinel._liveness.reset_at is not None
         assert sentinel._liveness.proven
-        assert any("torch._dynamo.reset()" in r.getMessage() for r in caplog.records)
+        assert any("of this model only" in r.getMessage() for r in caplog.records)
+        assert [c.rpartition("(")[2] for c in sentinel._liveness.reset_codes] == ["forward)"]
         # Eyes open again: a NaN is caught at its step and where it started.
         with pytest.raises(torch_sentinel.NonFiniteError, match=r"step 7, boundary 'data'"):
             _train(compiled, opt, 3, nan_at=7, start=6)
+    # Nothing process-wide: the unrelated function kept its compiled code, and runs it again
+    # without compiling anything.
+    assert resets == []
+    assert _compile_ids(_unrelated) == other_code
+    frames = _frames()
+    other(torch.randn(3))
+    assert _frames() == frames
+
+
+def test_blind_hooks_of_a_compiled_container_root_are_reset_for_it() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    compiled = torch.compile(model, backend=BACKEND)
+    _train(compiled, opt, 1)  # compiled before attach: the hooks below are skipped
+    with torch_sentinel.attach(model, opt, check="deferred", flush_every=2) as sentinel:
+        _train(compiled, opt, 6, start=1)
+        assert sentinel._liveness.reset_at is not None and sentinel._liveness.proven
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
