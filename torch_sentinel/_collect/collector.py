@@ -26,6 +26,7 @@ from .._errors import SentinelError
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
 from .dtypes import DtypePolicy
+from .entry import DataEntry
 from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
@@ -44,10 +45,12 @@ from .probes import (
     UpdateProbe,
 )
 from .records import StepMeta, StepRecord
+from .rows import RowQueue
 from .schedule import ProbeTable
 from .scope import BackwardScope, OptimizerReach, register_params, unregister_params
+from .stepping import BackwardSteps, StepNumbering
 from .tensors import iter_tensors, reducible, tensor_evidence
-from .transfer import HostRing, read_now
+from .transfer import read_now
 from .unwatched import Unwatched
 from .unwatched import functorch_active as _functorch_active
 
@@ -74,10 +77,10 @@ class Collector:
         self.map = ModelMap(model)
         self.optimizers = optimizers
         self.immediate = immediate
-        self.on_record = on_record
         self.hooks = HookSet()
         self.step = 0
-        self._step_source: Optional[Callable[[], int]] = None
+        #: The next step's number (a framework may number steps itself; see stepping.py).
+        self.numbering = StepNumbering()
         self.module_names = [n for n, _ in self.map.modules]
         self.params = trainable_params(self.map, optimizers)
         self.param_tensors = [p for _, p in self.params]
@@ -103,8 +106,6 @@ class Collector:
         #: Fallback scoping where the outputs could not be marked (a root hook traced by
         #: torch.compile): a backward after a forward of the model belongs to it.
         self._forward_since_backward = False
-        #: Calls of the root's forward in progress (its submodules' inputs are then not data).
-        self._root_depth = 0
         self._unmarked = False
         #: Inside a forward of the root (set by its pre-hook, cleared by its forward hook).
         self._in_root = False
@@ -120,14 +121,16 @@ class Collector:
         self.forward = ForwardProbe()
         #: True between the root's forward pre-hook (with grad enabled) and its forward hook.
         self._training_forward = False
-        #: Without an optimizer, each counted backward() is a step (set by before_backward).
-        self._backward_counted = False
         self.loss = LossProbe()
         self.outgrad = OutputGradProbe()
         self.norms = NormsProbe(update_every)
         self.updates = UpdateProbe(self.norms)
         for probe in (self.data, self.forward, self.loss, self.outgrad, self.norms, self.updates):
             self.add_probe(probe)
+        #: What enters the model as data (entry.py), and, without an optimizer, each
+        #: backward() as a step (stepping.py).
+        self.entry = DataEntry(self, self.table)
+        self.backward_steps = BackwardSteps(self, self.table, self.updates)
         #: Shared core slots: the stale-gradient norm (NormsProbe) and the AMP scale (AmpProbe).
         self.misc_block = self.ledger.add_block("misc", ["stale_grad_norm", "amp_scale"])
         self.amp = AmpProbe()
@@ -138,7 +141,7 @@ class Collector:
         self._unwatched = Unwatched()
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(self.module_names))]
         self._grad_prehooks = [functools.partial(self._on_node_grads, i, 0) for i in range(len(self.module_names))]
-        self.ring = HostRing(self.device, self.ledger.current.numel(), rows=ring_rows, dtype=self.ledger.dtype)
+        self.rows = RowQueue(self.ledger, self.device, on_record, ring_rows)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -174,10 +177,7 @@ class Collector:
         root = self.map.root
         self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
         self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
-        # A container whose forward is never called (Lightning's training_step calling
-        # self.discriminator(imgs)): what enters a top-level submodule from user code is data.
-        for child in root.children():
-            self.hooks.add(child.register_forward_pre_hook(ModuleHook(self._on_entry), with_kwargs=True))
+        self.entry.install(root, self.hooks)
         for i, (_, module) in enumerate(self.map.modules):
             self.hooks.add(module.register_forward_hook(ModuleHook(self._on_output, i)))
         for opt in self.optimizers:
@@ -198,6 +198,11 @@ class Collector:
             self.hooks.close()
         finally:
             self.table.close()
+
+    def drain_landed(self) -> None:
+        """Hand on the rows that already reached the host (never blocks)."""
+        if self.rows.landed():
+            self.rows.drain()
 
     # ------------------------------------------------------------------ for probes
     def host_value(self, i: int) -> float:
@@ -250,53 +255,23 @@ class Collector:
 
     # ------------------------------------------------------------------ forward events
     def _on_root_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._root_depth += 1
+        self.entry.root_entered()
         if self.disabled:
             return None
         self._training_forward = torch.is_grad_enabled()
         if not self._training_forward or self._in_transform():
             return None
         compiling = _is_compiling()
-        if not compiling and self.ring.head > self.ring.tail:
-            self.drain()
+        if not compiling:
+            self.drain_landed()
         self.meta.forward_calls += 1
         self._in_root = not compiling
         self._emit(self._subs["on_root_inputs"], args, kwargs)
-        self._emit_data(args, kwargs, compiling)
+        self.entry.emit(args, kwargs, compiling)
         return None
 
     def _on_root_exit(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._root_depth = max(self._root_depth - 1, 0)
-
-    def _on_entry(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A top-level submodule called from user code, outside the model's own forward: its
-        inputs are data if they come from outside the graph (no ``grad_fn``: a batch, noise, a
-        detached tensor), not when computed from a module's output (``d(g(z))``, ``h(log(b(x)))``),
-        where the forward checks already locate a fault."""
-        if self._root_depth or self.disabled or not torch.is_grad_enabled():
-            return None
-        compiling = _is_compiling()
-        if not compiling and self.ring.head > self.ring.tail:
-            self.drain()
-        self._emit_data(args, kwargs, compiling, from_outside=True)
-        return None
-
-    def _emit_data(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiling: bool,
-                   from_outside: bool = False) -> None:
-        on_data = self._subs["on_data"]
-        first = True
-        for t in iter_tensors(args):
-            if reducible(t) and not (from_outside and t.grad_fn is not None):
-                self._emit(on_data, t, first, None, compiling)
-                first = False
-        for key, value in kwargs.items():
-            for t in iter_tensors(value):
-                if not reducible(t) or (from_outside and t.grad_fn is not None):
-                    continue
-                # A 0-d tensor is a count or a flag (the HF Trainer's num_items_in_batch), not the batch.
-                main = first and "mask" not in key and t.dim() > 0
-                self._emit(on_data, t, main, key, compiling)
-                first = first and not main
+        self.entry.root_exited()
 
     def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
         # A no_grad region inside a training forward is still the training forward: the
@@ -402,7 +377,7 @@ class Collector:
             self.loss.discard()
             self.norms.cleared()
         self.meta.backward_calls += 1
-        self._backward_counted = True
+        self.backward_steps.count()
         self._emit(self._subs["on_backward"], loss)
 
     def after_backward(self) -> None:
@@ -410,21 +385,13 @@ class Collector:
 
         A backward that followed a forward of this model but reached no attached model at all
         cut the graph between the model and the loss: it is charged here, as the evidence the
-        graph-cut detectors read. Without an optimizer, each backward() through the model is a
-        step: hand-written updates (``p -= lr * p.grad``) happen outside any hook, so the
-        gradients are read here, when they are final, and the row closes. With optimizers,
-        their step hooks do it.
+        graph-cut detectors read. Without an optimizer, the backward was a step
+        (``stepping.BackwardSteps``); with optimizers, their step hooks close the row.
         """
         orphan = self.scope.end()
         if orphan is not None:
             self._backward_reached(orphan)
-        if self.disabled or self.optimizers or not self._backward_counted:
-            return
-        self._backward_counted = False
-        subs = [s for s in self._subs["on_pre_step"] if getattr(s, "__self__", None) is not self.updates]
-        with torch.no_grad():
-            self._emit(subs, None)
-        self.close_row()
+        self.backward_steps.finish()
 
     def start_at(self, step: int) -> None:
         """Number the next step ``step`` (a resumed run continues its numbering); before any
@@ -453,8 +420,7 @@ class Collector:
     def _on_pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> Optional[tuple[Any, Any]]:
         if self.disabled:
             return None
-        if self.ring.head > self.ring.tail:
-            self.drain()
+        self.drain_landed()
         self.hooks.ensure_patches()  # another library may have put back what it saved
         wrapped = self.closures.wrap(optimizer, args, kwargs)
         if wrapped is not None:
@@ -483,21 +449,15 @@ class Collector:
     def close_row(self) -> None:
         meta = self.meta
         self._emit(self._subs["on_row_close"], meta)
-        if self._ring_outgrown():
-            # The row grew since the ring was sized (a detector's block added at attach, a
-            # module first called late, or float64 slots): hand over the older rows, then
-            # widen the ring.
-            self.drain(block=True)
-        self.ring.push(self.ledger.current, meta)
-        self.ledger.reset()
+        self.rows.push(meta)
         closed = self.step
-        self.step = self._next_step()
+        self.step = self.numbering.following(self.step)
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
         self._in_root = False
         self._written = set()
         self.stepped_optimizers = set()
-        self.drain()
+        self.rows.drain()
         self._emit(self._subs["on_row_closed"], closed)
 
     def number_steps(self, start: int, source: Optional[Callable[[], int]] = None) -> None:
@@ -506,21 +466,7 @@ class Collector:
         number of the next one (e.g. Lightning's ``global_step + 1``). Numbers only increase."""
         self.step = start
         self.meta.step = start
-        self._step_source = source
-
-    def _next_step(self) -> int:
-        following = self.step + 1
-        source = self._step_source
-        if source is not None:
-            try:
-                framework = int(source())
-            except Exception:  # a framework's counter must never stop training
-                return following
-            return max(framework, following)
-        return following
-
-    def _ring_outgrown(self) -> bool:
-        return self.ledger.current.numel() > self.ring.width or self.ledger.dtype is not self.ring.dtype
+        self.numbering.source = source
 
     def abandon_row(self) -> StepRecord:
         """The row in progress as a record, then a fresh row for the same step (cold path).
@@ -534,24 +480,17 @@ class Collector:
         meta = self.meta
         meta.extra["partial"] = True
         meta.grad_missing = tuple(n for n, _ in self.params)
-        values = self.ledger.current.detach().to("cpu", copy=True).numpy()  # float32 or float64
-        record = StepRecord(meta, values, self.ledger.blocks)
-        self.ledger.reset()
+        record = self.rows.take(meta)
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
         self._written = set()
         self._forward_since_backward = False
-        self._backward_counted = False
+        self.backward_steps.counted = False
         return record
 
     def drain(self, block: bool = False) -> None:
-        outgrown = self._ring_outgrown()
-        if outgrown:
-            block = True  # the row grew; older rows are narrower but still valid
-        for meta, values in self.ring.drain(block=block):
-            self.on_record(StepRecord(meta, values, self.ledger.blocks))
-        if outgrown and self.ring.pending() == 0:
-            self.ring = HostRing(self.device, self.ledger.current.numel(), rows=self.ring.rows, dtype=self.ledger.dtype)
+        """Hand on the rows that reached the host (``block``: wait for every queued row)."""
+        self.rows.drain(block)
 
 
 def _unhandled(fault: Fault) -> None:
