@@ -77,3 +77,31 @@ def test_train_forgotten_after_a_mid_run_validation(forget: bool) -> None:
     (f,) = found
     assert f.onset_step == 24 and f.step is not None and f.step - 24 <= 20
     assert f.module == "" and f.evidence["model_in_eval"] is True
+
+
+@pytest.mark.parametrize("forget", [True, False], ids=["train_forgotten", "train_restored"])
+def test_no_optimizer_hand_written_update(forget: bool) -> None:
+    """Regression (issue 12, realworld word_language_model/eval_left_on): attached without an
+    optimizer (``p.data.add_(p.grad, alpha=-lr)``), each backward() is a step, and a
+    model.eval() left on after a validation pass is reported like with an optimizer."""
+    model = _model()
+    with torch_sentinel.attach(model) as s:
+        for step in range(30):
+            model.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            for p in model.parameters():
+                p.data.add_(p.grad, alpha=-0.01)
+            if step == 9:
+                model.eval()
+                with torch.no_grad():
+                    model(torch.randn(8, 4))
+                if not forget:
+                    model.train()
+        found = s.report().by_kind("eval_mode_training")
+    if not forget:
+        assert found == []
+        return
+    (f,) = found
+    assert f.onset_step == 10 and f.step is not None and f.step - 10 <= 20
+    assert f.module == "" and f.evidence["model_in_eval"] is True
+    assert "model.train() not called after eval" in f.message

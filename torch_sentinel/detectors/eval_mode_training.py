@@ -53,8 +53,8 @@ class EvalModeTrainingDetector(Detector, Probe):
         self._reported = False
 
     def setup(self, host: ProbeHost) -> None:
-        if not host.optimizers:
-            return
+        # Without an optimizer each backward() through the model is a step (hand-written
+        # updates), so the flags are read the same way: a forward followed by a backward.
         modules = dict(host.map.modules)
         self._root = weakref.ref(host.map.root)
         self._eval_parents = {name: weakref.ref(m) for name, m in host.map.modules}

@@ -22,13 +22,11 @@ import torch_sentinel
 
 MODELLED_ON = "pytorch/examples word_language_model/main.py (+ model.py, --tied)"
 HEALTHY_XFAIL: Optional[str] = None
-NO_OPTIMIZER = ("without an optimizer each backward() is a step, but eval_mode_training is not "
-                "reported for a hand-written update yet")
 BUGS = {
     # attach(model) without an optimizer: each backward() is a step (issue 11).
     "no_zero_grad": Bug("model.zero_grad() deleted before loss.backward()", "missing_zero_grad"),
     "eval_left_on": Bug("model.train() missing at the start of train() after evaluate()",
-                        "eval_mode_training", module="", onset=20, xfail=NO_OPTIMIZER),
+                        "eval_mode_training", module="", onset=20),
     "lr_x100": Bug("lr = 20 * 100 (the example's --lr 20, times 100)", "diverging"),
 }
 
