@@ -17,7 +17,8 @@ Thresholds:
   step where the lr fell to 0.
 - An optimizer whose parameters are all frozen (``requires_grad=False``) while backward runs
   updates nothing: reported after ``min_still`` such steps, naming the optimizer as the cause.
-- AMP-skipped steps and frozen parameters are never counted.
+- AMP-skipped steps and frozen parameters are never counted; with several optimizers, a
+  parameter is judged only on rows where its own optimizer stepped (critic steps of a GAN).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class NoUpdateDetector(Detector, Probe):
         self._lr_zero_steps: list[int] = []
         self._reported: set[str] = set()
         self._host: Optional[ProbeHost] = None
+        #: parameter name -> index of the optimizer holding it (read with several optimizers)
+        self._optimizer_of: dict[str, int] = {}
 
     def setup(self, host: ProbeHost) -> None:
         self._host = host
@@ -71,6 +74,8 @@ class NoUpdateDetector(Detector, Probe):
         # significant digits (eps 7.8e-3), so only steps above that are evidence there.
         self._resolution = {n: max(_RESOLUTION, float(torch.finfo(p.dtype).eps))
                             for n, p in host.params if p.is_floating_point()}
+        index = {id(p): i for i, o in enumerate(host.optimizers) for g in o.param_groups for p in g["params"]}
+        self._optimizer_of = {n: index[id(p)] for n, p in host.params if id(p) in index}
 
     def _watched(self) -> list[str]:
         return [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
@@ -143,6 +148,9 @@ class NoUpdateDetector(Detector, Probe):
         lr_zero = bool(lrs) and max(lrs) == 0
         lr = max(lrs) if lrs else 1.0
         skip = set(prev.meta.frozen) | set(prev.meta.grad_missing)
+        stepped = prev.meta.extra.get("stepped")
+        if stepped is not None:  # several optimizers: only those that stepped in that row moved anything
+            skip |= {n for n in watched if self._optimizer_of.get(n, -1) not in stepped}
         for name in watched:
             g = grads.get(name, 0.0)
             if name in skip or not g > 0:

@@ -29,9 +29,7 @@ BUGS = {
     "optimizerG_over_netD": Bug("optimizerG = optim.Adam(netD.parameters(), ...)",
                                 "unregistered_parameter", module="netG"),
     "no_netG_zero_grad": Bug("netG.zero_grad() deleted before the generator update",
-                             "missing_zero_grad",
-                             xfail="not found: only optimizerG's gradients accumulate (netD is "
-                                   "zeroed every step); the detector misses it with two optimizers"),
+                             "missing_zero_grad"),
     "netG_eval": Bug("netG.eval() left on from sampling with fixed_noise", "eval_mode_training",
                      module="netG", onset=11),
 }
