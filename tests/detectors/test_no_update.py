@@ -148,3 +148,45 @@ def test_no_update_in_other_dtypes(dtype: torch.dtype, mixed: bool, lr: float) -
     in the threshold. A real lr of 0 is still found."""
     found = _dtype_run(dtype, lr, mixed).by_kind("no_update")
     assert bool(found) == (lr == 0.0), [str(f) for f in found]
+
+
+def _before_layer_norm(restore_from: int | None, steps: int = 40) -> list[torch_sentinel.Finding]:
+    """A Linear feeding a LayerNorm (its weight is scale-invariant), trained with plain SGD at
+    a small lr: every step moves each weight, but the norm only at second order. With
+    ``restore_from`` the first Linear's weights are put back after every step from then on."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 256), nn.LayerNorm(256), nn.ReLU(), nn.Linear(256, 256),
+                          nn.LayerNorm(256), nn.ReLU(), nn.Linear(256, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=3e-4)
+    w = torch.randn(32, 4)
+    with torch_sentinel.attach(model, opt) as s:
+        for step in range(steps):
+            x = torch.randn(64, 32)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), (x @ w).argmax(1)).backward()
+            restore = restore_from is not None and step >= restore_from
+            saved = [p.detach().clone() for p in model[0].parameters()] if restore else []
+            opt.step()
+            with torch.no_grad():
+                for p, q in zip(model[0].parameters(), saved):
+                    p.copy_(q)
+        return s.report().findings
+
+
+@pytest.mark.parametrize("restore_from", [None, 0, 15], ids=["healthy", "restored_from_step_0", "restored_from_step_15"])
+def test_scale_invariant_weight_before_a_norm_layer(restore_from: int | None) -> None:
+    """Regression (issue 12): a weight just before a LayerNorm whose L2 norm stands still (the
+    SGD step is orthogonal to it) while its elements move was reported as no_update ("the
+    weights were restored between steps"). A first-order fingerprint (float64 L1 norm) now
+    confirms a still norm first; weights really put back after each step are still found."""
+    findings = _before_layer_norm(restore_from)
+    if restore_from is None:
+        assert findings == []
+        return
+    (f,) = [f for f in findings if f.kind == "no_update"]
+    assert f.module == "0" and set(f.evidence["parameters"]) <= {"0.weight", "0.bias"}
+    # onset: the first step a fingerprint confirmed (CPU reads the weights on steps 0-9, then on
+    # pairs of steps every ten: 20-21 is the first pair after step 15)
+    assert f.onset_step == (0 if restore_from == 0 else 20)
+    assert f.step is not None and f.step - restore_from <= 20
+    assert "the weights were restored between steps" in f.message

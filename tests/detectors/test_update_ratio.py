@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -24,4 +26,47 @@ def test_update_ratio(lr: float, fires: bool) -> None:
     assert bool(hits) is fires
     if fires:
         ev = hits[0].evidence
-        assert ev["ratio"] > 0.1 and ev["steps"] == [0, 2, 4] and ev["largest_param"].endswith("weight")
+        assert ev["ratio"] > 0.1 and ev["largest_param"].endswith("weight")
+        # The weight norms before every step bound the ratio from below before the third
+        # sampled step (0, 2, 4) comes: steps 0, 1, 2 already prove it.
+        assert ev["steps"] == [0, 1, 2] and ev["measured"].endswith("(lower bound)")
+
+
+def _warmup_run(peak_lr: float, steps: int = 30) -> list[torch_sentinel.Finding]:
+    """A small pre-norm transformer-style MLP trained the nanoGPT way: AdamW, init N(0, 0.02),
+    4 warm-up steps, cosine decay, clipping at 1.0."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(16, 32), nn.LayerNorm(32), nn.Linear(32, 128), nn.GELU(),
+                          nn.Linear(128, 32), nn.LayerNorm(32), nn.Linear(32, 16))
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    table = torch.randperm(16, generator=torch.Generator().manual_seed(1))
+    with torch_sentinel.attach(model, opt) as s:
+        for it in range(steps):
+            for group in opt.param_groups:
+                group["lr"] = peak_lr * (it + 1) / 5 if it < 4 else peak_lr * (0.55 + 0.45 * math.cos(math.pi * (it - 4) / steps))
+            x = torch.randint(0, 16, (64,))
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), table[x]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        return s.report().findings
+
+
+@pytest.mark.parametrize(("peak_lr", "fires"), [(3e-3, False), (0.3, True)], ids=["lr_3e-3", "lr_x100"])
+def test_lr_too_high_during_warm_up_is_found_between_samples(peak_lr: float, fires: bool) -> None:
+    """Regression (issue 12, realworld nanogpt/lr_x100): an lr 100x too high blows the weights
+    up during the warm-up, after which Adam's weights have grown to match it and the ratio
+    sampled every 10 steps (0, 10, 20) looks ordinary; the loss then sits at chance. The weight
+    norms read before every step bound the ratio from below and find it within the warm-up."""
+    findings = _warmup_run(peak_lr)
+    hits = [f for f in findings if f.kind == "update_ratio"]
+    if not fires:
+        assert findings == []
+        return
+    (f,) = hits
+    assert f.onset_step == 0 and f.step is not None and f.step <= 20
+    assert f.evidence["ratio_at_least"] > 0.1 and f.next_check == "lower_learning_rate"
+    assert "was at least" in f.message and "the learning rate is likely too high" in f.message

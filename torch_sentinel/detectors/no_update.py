@@ -7,6 +7,16 @@ because the update was undone between steps (weights restored, a state_dict relo
 Also reported: gradients cleared between ``backward()`` and ``step()`` (every step sees no
 gradient at all), and ``optimizer.step()`` never called while backward ran.
 
+A bit-identical L2 norm is second-order evidence only: a weight just before a normalisation
+layer (Linear/Conv then BatchNorm/LayerNorm) is scale-invariant, its gradient is orthogonal to
+it, and an SGD step changes its norm by ``(lr |g| / |W|)^2 / 2``, below float32's resolution
+although every element moved. So a still norm is confirmed with a first-order fingerprint
+before it is reported: the L1 norm of the weight accumulated in float64 (``sum sign(w) dw``
+moves at first order), taken before every step for the first 10 steps and afterwards only for
+the parameters whose L2 norm stood still (candidates), and compared step to step on the device
+(the row holds the relative change). Only a parameter whose fingerprint did not change either
+is still.
+
 Thresholds:
 - ``no_update.min_still`` = 3 consecutive still steps per parameter: a warm-up whose first step
   has lr 0 gives one still step, which is healthy.
@@ -23,13 +33,15 @@ Thresholds:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, Optional
 
 import torch
 
+from .._collect.compat import is_compiling
 from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepRecord
+from .._collect.tensors import reduces
 from .._findings import Finding
 from ._common import common_module, threshold
 from .base import Detector, RunContext
@@ -41,6 +53,12 @@ __all__ = ["NoUpdateDetector"]
 #: accumulated in float32 or better (``_collect/probes/norms.py``), and a weight dtype coarser
 #: than that raises the bar to its own epsilon.
 _RESOLUTION = 1e-5
+#: The ledger block holding, per parameter, the relative change of its fingerprint since the
+#: previous step (valid for the names in ``meta.extra[FINGERPRINTED]``).
+_BLOCK = "weight_change"
+FINGERPRINTED = "fingerprinted"
+#: Steps from the start on which every watched weight is fingerprinted (then: candidates only).
+_FINGERPRINT_ALL = 10
 
 
 class NoUpdateDetector(Detector, Probe):
@@ -67,6 +85,14 @@ class NoUpdateDetector(Detector, Probe):
         self._host: Optional[ProbeHost] = None
         #: parameter name -> index of the optimizer holding it (read with several optimizers)
         self._optimizer_of: dict[str, int] = {}
+        #: parameters whose L2 norm stood still: fingerprinted before each step from now on
+        self._candidates: set[str] = set()
+        #: parameters whose still norm a fingerprint confirmed in the current still stretch, and
+        #: the step of the first confirmed pair (a still norm alone is weaker evidence)
+        self._confirmed: dict[str, int] = {}
+        #: parameters that cannot be fingerprinted (float8, sharded): the L2 norm decides alone
+        self._unprintable: set[str] = set()
+        self._fp: Optional[_Fingerprints] = None
 
     def setup(self, host: ProbeHost) -> None:
         self._host = host
@@ -76,6 +102,18 @@ class NoUpdateDetector(Detector, Probe):
                             for n, p in host.params if p.is_floating_point()}
         index = {id(p): i for i, o in enumerate(host.optimizers) for g in o.param_groups for p in g["params"]}
         self._optimizer_of = {n: index[id(p)] for n, p in host.params if id(p) in index}
+        printable = [(n, p) for n, p in host.params
+                     if p.is_floating_point() and not host.sharded and reduces(p.dtype, p.device)]
+        self._unprintable = {n for n, _ in host.params} - {n for n, _ in printable}
+        if printable:
+            self._fp = _Fingerprints(host, printable, lambda: self._candidates)
+
+    def on_pre_step(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
+        if self._fp is not None:
+            self._fp.take()
+
+    def close(self) -> None:
+        self._fp = None
 
     def _watched(self) -> list[str]:
         return [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
@@ -148,6 +186,7 @@ class NoUpdateDetector(Detector, Probe):
         lr_zero = bool(lrs) and max(lrs) == 0
         lr = max(lrs) if lrs else 1.0
         skip = set(prev.meta.frozen) | set(prev.meta.grad_missing)
+        printed = set(rec.meta.extra.get(FINGERPRINTED, ())) if rec.has(_BLOCK) else set()
         stepped = prev.meta.extra.get("stepped")
         if stepped is not None:  # several optimizers: only those that stepped in that row moved anything
             skip |= {n for n in watched if self._optimizer_of.get(n, -1) not in stepped}
@@ -161,14 +200,26 @@ class NoUpdateDetector(Detector, Probe):
             if not visible:
                 continue
             if pre0[name] == pre1[name] and not decayed:
+                if name in printed and rec.value(_BLOCK, name) > 0:
+                    # The norm stood still but the weights moved (a scale-invariant weight).
+                    self._still.pop(name, None)
+                    self._confirmed.pop(name, None)
+                    continue
+                if name in printed or name in self._unprintable:
+                    self._confirmed.setdefault(name, prev.step)
+                else:
+                    self._candidates.add(name)
                 still = self._still.setdefault(name, [])
                 if len(still) < 16:  # bounded: enough to show persistence
                     still.append(prev.step)
             else:
                 self._still.pop(name, None)
+                self._confirmed.pop(name, None)
+                self._candidates.discard(name)
 
     def _still_findings(self) -> list[Finding]:
-        still = {n: s for n, s in self._still.items() if len(s) >= self.min_still and n not in self._reported}
+        still = {n: s for n, s in self._still.items()
+                 if len(s) >= self.min_still and n in self._confirmed and n not in self._reported}
         if not still:
             return []
         self._reported.update(still)
@@ -191,7 +242,8 @@ class NoUpdateDetector(Detector, Probe):
         return [self.finding(
             f"{len(still)} parameter(s) under {module or '<model>'} received non-zero gradients but "
             f"were bit-identical before {len(steps) + 1} consecutive optimizer steps: {cause}",
-            module=module, step=steps[-1] + 1, onset_step=steps[0], severity="error",
+            module=module, step=steps[-1] + 1, onset_step=min(self._confirmed[n] for n in still),
+            severity="error",
             evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16],
                       "grad_norm": {n: grads.get(n) for n in sorted(still)[:4]},
                       "lrs": [lr for lr in lrs if lr is not None], "max_lr_seen": self._max_lr,
@@ -249,3 +301,59 @@ class NoUpdateDetector(Detector, Probe):
             evidence={"backward_calls": c.meta.backward_calls, "optimizer_steps": 0},
             next_check="inspect_optimizer_update",
         )]
+
+
+class _Fingerprints:
+    """First-order fingerprints of the weights (L1 norms accumulated in float64), taken before a
+    step, and their relative change since the previous step written into the row: device ops
+    only; which names hold a valid change is host bookkeeping (``meta.extra``)."""
+
+    def __init__(self, host: ProbeHost, params: list[tuple[str, torch.Tensor]],
+                 candidates: Callable[[], set[str]]) -> None:
+        self.host = host
+        self.names = [n for n, _ in params]
+        self.tensors = {n: p for n, p in params}
+        self.candidates = candidates
+        self.block = host.ledger.add_block(_BLOCK, [n for n, _ in host.params], -1.0)
+        self.slot = {n: i for i, (n, _) in enumerate(host.params)}
+        self.position = {n: i for i, n in enumerate(self.names)}
+        self.dtype = torch.float32 if host.device.type == "mps" else torch.float64
+        self.previous: Optional[torch.Tensor] = None
+        self.taken: dict[str, int] = {}
+        self._index: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def take(self) -> None:
+        host = self.host
+        step = host.step
+        if is_compiling() or not host.meta.weights_recorded or host.meta.extra.get(FINGERPRINTED) is not None:
+            return  # once per row, on the rows whose weight norms were read
+        wanted = self.candidates()
+        if step >= _FINGERPRINT_ALL and not wanted:
+            return  # the usual case once training runs: nothing to confirm, nothing to pay
+        names = tuple(self.names if step < _FINGERPRINT_ALL else [n for n in self.names if n in wanted])
+        host.meta.extra[FINGERPRINTED] = ()
+        if not names:
+            return
+        with torch.no_grad():
+            fp = torch.stack([t.to(host.device) for t in torch._foreach_norm(
+                [self.tensors[n].detach() for n in names], 1, dtype=self.dtype)])
+            at, slots = self._indices(names)
+            if self.previous is None:
+                self.previous = torch.zeros(len(self.names), dtype=self.dtype, device=host.device)
+            before = self.previous.index_select(0, at)
+            change = (fp - before).abs() / before.abs().clamp_min(torch.finfo(self.dtype).tiny)
+            row = host.ledger.current[self.block.start : self.block.stop]
+            row.index_copy_(0, slots, change.to(row.dtype))
+            self.previous.index_copy_(0, at, fp)
+        host.meta.extra[FINGERPRINTED] = tuple(n for n in names if self.taken.get(n) == step - 1)
+        for n in names:
+            self.taken[n] = step
+
+    def _indices(self, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self._index.get(names)
+        if cached is None:
+            device = self.host.device
+            cached = (torch.tensor([self.position[n] for n in names], device=device),
+                      torch.tensor([self.slot[n] for n in names], device=device))
+            self._index = {names: cached}
+        return cached

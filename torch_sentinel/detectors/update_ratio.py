@@ -4,6 +4,13 @@ Measured exactly on the steps where the collector copies the weights (every ``up
 steps), over the weights of Linear/Conv/RNN layers (biases start at 0, where the ratio means
 nothing).
 
+Between the sampled steps a lower bound comes for free: the weight norms are read before every
+step (``param_norm``), and by the triangle inequality ``| ||W_k+1|| - ||W_k|| | <= ||dW_k||``. A
+relative change of the weights' global norm above ``high`` on ``min_samples`` consecutive
+observed steps proves the ratio is too high there, at a step that no sample may fall on (an lr
+100x too high during a warm-up, after which Adam's weights have grown to match it and the
+sampled ratio looks ordinary again). It can only prove "too high", never "too low".
+
 Thresholds (median over ``update_ratio.min_samples`` = 3 sampled steps):
 - ``update_ratio.high`` = 0.1: DeepDiagnosis's upper bound on lr * ||dW|| / ||W||; 100x the
   rule-of-thumb 1e-3, where each step rewrites a tenth of the weight: the learning rate is
@@ -18,7 +25,7 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -45,11 +52,18 @@ class UpdateRatioDetector(Detector):
         self._samples: collections.deque[tuple[int, float, str, float]] = collections.deque(maxlen=self.min_samples)
         self._weights: list[str] = []
         self._reported = False
+        #: (step, weight norms by name) of the last row whose weights were recorded
+        self._prev_norms: Optional[tuple[int, dict[str, float], bool]] = None
+        #: (step, lower bound of the global ratio, layer weight with the largest one, its bound)
+        self._bounds: collections.deque[tuple[int, float, str, float]] = collections.deque(maxlen=self.min_samples)
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if not self._weights:
             self._weights = [p for _, ps in _layers(self.ctx) for p in ps if p in self.ctx.optimizer_params]
         for rec in trained_rows(records):
+            found = self._lower_bound(rec)
+            if found:
+                return found
             if not rec.meta.updates_sampled or not self._weights or not any(rec.meta.lrs):
                 continue
             upd, par = rec.mapping("update_norm"), rec.mapping("param_norm")
@@ -71,6 +85,48 @@ class UpdateRatioDetector(Detector):
                 if found:
                     return found
         return []
+
+    def _lower_bound(self, rec: StepRecord) -> list[Finding]:
+        """Fold in ``| ||W|| now - ||W|| before the previous step | / ||W|| before``, a lower
+        bound of the previous step's update/weight ratio, when both rows read the weights."""
+        if not rec.meta.weights_recorded or not self._weights:
+            return []
+        par = rec.mapping("param_norm")
+        skip = set(rec.meta.frozen) | set(rec.meta.grad_missing)
+        stepped = not rec.meta.amp_skipped and any(lr for lr in rec.meta.lrs if lr is not None)
+        prev, self._prev_norms = self._prev_norms, (rec.step, {n: par[n] for n in self._weights if n not in skip}, stepped)
+        if prev is None or prev[0] != rec.step - 1 or not prev[2] or self._reported:
+            return []
+        names = [n for n in self._weights if prev[1].get(n, 0) > 0 and n in par]
+        w0 = np.array([prev[1][n] for n in names], dtype=np.float64)
+        w1 = np.array([par[n] for n in names], dtype=np.float64)
+        if not names or not (np.isfinite(w0).all() and np.isfinite(w1).all()):
+            self._bounds.clear()
+            return []
+        per = np.abs(w1 - w0) / w0
+        i = int(np.argmax(per))
+        bound = abs(math.sqrt(float((w1**2).sum())) - math.sqrt(float((w0**2).sum()))) / math.sqrt(float((w0**2).sum()))
+        self._bounds.append((prev[0], bound, names[i], float(per[i])))
+        if len(self._bounds) < self.min_samples or min(b[1] for b in self._bounds) <= self.high:
+            return []
+        self._reported = True
+        recent = list(self._bounds)
+        worst = max(recent, key=lambda b: b[3])
+        low = min(b[1] for b in recent)
+        return [self.finding(
+            f"the weights' norm changed by {', '.join(f'{b[1]:.0%}' for b in recent)} of itself in "
+            f"steps {[b[0] for b in recent]}: the update/weight ratio ||dW||/||W|| was at least "
+            f"{low:.3g} at each (a lower bound read from the weight norms before consecutive steps), "
+            f"above the {self.high:g} bound (healthy training sits near 1e-3; the largest change is "
+            f"{worst[2]!r}'s, {worst[3]:.0%}): the learning rate is likely too high",
+            module=self.ctx.owner(worst[2]), step=recent[-1][0] + 1, onset_step=recent[0][0],
+            severity="warning",
+            evidence={"ratio": low, "ratio_at_least": low, "steps": [b[0] for b in recent],
+                      "lower_bounds": [b[1] for b in recent], "largest_param": worst[2],
+                      "largest_lower_bound": worst[3], "bound": self.high,
+                      "measured": "weight norms before consecutive steps (lower bound)"},
+            next_check="lower_learning_rate",
+        )]
 
     def _check(self) -> list[Finding]:
         recent = list(self._samples)
