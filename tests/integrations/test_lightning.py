@@ -54,12 +54,13 @@ class Regressor(pl.LightningModule):
 class GAN(pl.LightningModule):
     """Lightning's GAN template in miniature: manual optimization, two optimizers, no forward()."""
 
-    def __init__(self, nan_at: Optional[int] = None) -> None:
+    def __init__(self, nan_at: Optional[int] = None, restore_generator: bool = False) -> None:
         super().__init__()
         self.automatic_optimization = False
         self.generator = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 6), nn.Tanh())
         self.discriminator = nn.Sequential(nn.Linear(6, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
         self.nan_at = nan_at
+        self.restore_generator = restore_generator
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
         imgs, _ = batch
@@ -74,7 +75,11 @@ class GAN(pl.LightningModule):
         opt_g.zero_grad()
         self.manual_backward(g_loss)
         self.clip_gradients(opt_g, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        saved = [p.detach().clone() for p in self.generator.parameters()] if self.restore_generator else []
         opt_g.step()
+        with torch.no_grad():  # the fault: the generator's update is undone after every step
+            for p, q in zip(self.generator.parameters(), saved):
+                p.copy_(q)
         real = bce(self.discriminator(imgs), ones)  # the batch enters a submodule from user code
         fake = bce(self.discriminator(self.generator(z).detach()), zeros)
         opt_d.zero_grad()
@@ -164,6 +169,23 @@ def test_manual_optimization_with_two_optimizers_counts_in_global_step(tmp_path:
     assert callback.sentinel is not None and callback.sentinel.step == 16
     logged = [s for s, row in _csv(trainer).items() if "sentinel/loss" in row]
     assert logged == list(range(0, 16, 2))
+
+
+@pytest.mark.parametrize("restore", [False, True], ids=["healthy", "generator_update_undone"])
+def test_no_update_under_manual_optimization_with_two_optimizers(tmp_path: Path, restore: bool) -> None:
+    """Regression: Lightning numbers the rows 0, 2, 4, ... here (two optimizer steps per batch),
+    and no_update compared only rows whose step numbers were consecutive, so it never compared
+    any: a generator whose update is undone after every step went unseen."""
+    callback = SentinelCallback(flush_every=4)
+    _fit(tmp_path, GAN(restore_generator=restore), callback, val=False, max_epochs=1)
+    assert callback.sentinel is not None
+    found = callback.sentinel.report(all_ranks=False).by_kind("no_update")
+    if not restore:
+        assert found == []
+        return
+    (f,) = found
+    assert (f.module or "").startswith("generator") and f.onset_step == 0 and f.step is not None and f.step % 2 == 0
+    assert "the weights were restored between steps" in f.message
 
 
 def test_nan_batch_into_a_submodule_is_a_data_fault_at_the_global_step(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ import torch
 
 from .._collect.compat import is_compiling
 from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepRecord
+from .._collect.records import StepMeta, StepRecord
 from .._collect.tensors import reduces
 from .._findings import Finding
 from ._common import common_module, threshold
@@ -57,7 +57,8 @@ _RESOLUTION = 1e-5
 #: previous step (valid for the names in ``meta.extra[FINGERPRINTED]``).
 _BLOCK = "weight_change"
 FINGERPRINTED = "fingerprinted"
-#: Steps from the start on which every watched weight is fingerprinted (then: candidates only).
+_ROW = "no_update.row"
+#: Rows (steps) from the attach on which every watched weight is fingerprinted (then: candidates only).
 _FINGERPRINT_ALL = 10
 
 
@@ -93,6 +94,10 @@ class NoUpdateDetector(Detector, Probe):
         #: parameters that cannot be fingerprinted (float8, sharded): the L2 norm decides alone
         self._unprintable: set[str] = set()
         self._fp: Optional[_Fingerprints] = None
+        #: rows closed so far (the row number stamped into each row's meta)
+        self._rows = 0
+        #: the step of the row after the last still pair, per parameter (where it was seen)
+        self._still_until: dict[str, int] = {}
 
     def setup(self, host: ProbeHost) -> None:
         self._host = host
@@ -110,7 +115,13 @@ class NoUpdateDetector(Detector, Probe):
 
     def on_pre_step(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
         if self._fp is not None:
-            self._fp.take()
+            self._fp.take(self._rows)
+
+    def on_row_close(self, meta: StepMeta) -> None:
+        # Rows are compared when they are consecutive rows, whatever their step numbers:
+        # Lightning's manual optimization with two optimizers numbers them 0, 2, 4, ...
+        meta.extra[_ROW] = self._rows
+        self._rows += 1
 
     def close(self) -> None:
         self._fp = None
@@ -124,7 +135,8 @@ class NoUpdateDetector(Detector, Probe):
         for rec in records:
             lrs = [lr for lr in rec.meta.lrs if lr is not None]
             prev = self._prev
-            if prev is not None and prev.step == rec.step - 1 and prev.meta.weights_recorded \
+            if prev is not None and prev.meta.extra.get(_ROW, -2) == rec.meta.extra.get(_ROW, -1) - 1 \
+                    and prev.meta.weights_recorded \
                     and rec.meta.weights_recorded and prev.meta.backward_calls and not prev.meta.amp_skipped:
                 self._compare(prev, rec, watched)
             if lrs:
@@ -212,6 +224,7 @@ class NoUpdateDetector(Detector, Probe):
                 still = self._still.setdefault(name, [])
                 if len(still) < 16:  # bounded: enough to show persistence
                     still.append(prev.step)
+                    self._still_until[name] = rec.step
             else:
                 self._still.pop(name, None)
                 self._confirmed.pop(name, None)
@@ -242,7 +255,7 @@ class NoUpdateDetector(Detector, Probe):
         return [self.finding(
             f"{len(still)} parameter(s) under {module or '<model>'} received non-zero gradients but "
             f"were bit-identical before {len(steps) + 1} consecutive optimizer steps: {cause}",
-            module=module, step=steps[-1] + 1, onset_step=min(self._confirmed[n] for n in still),
+            module=module, step=max(self._still_until.get(n, steps[-1] + 1) for n in still), onset_step=min(self._confirmed[n] for n in still),
             severity="error",
             evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16],
                       "grad_norm": {n: grads.get(n) for n in sorted(still)[:4]},
@@ -322,15 +335,15 @@ class _Fingerprints:
         self.taken: dict[str, int] = {}
         self._index: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def take(self) -> None:
+    def take(self, row: int) -> None:
+        """Fingerprint before the step of row number ``row`` (rows count 0, 1, 2, ...)."""
         host = self.host
-        step = host.step
         if is_compiling() or not host.meta.weights_recorded or host.meta.extra.get(FINGERPRINTED) is not None:
             return  # once per row, on the rows whose weight norms were read
         wanted = self.candidates()
-        if step >= _FINGERPRINT_ALL and not wanted:
+        if row >= _FINGERPRINT_ALL and not wanted:
             return  # the usual case once training runs: nothing to confirm, nothing to pay
-        names = tuple(self.names if step < _FINGERPRINT_ALL else [n for n in self.names if n in wanted])
+        names = tuple(self.names if row < _FINGERPRINT_ALL else [n for n in self.names if n in wanted])
         host.meta.extra[FINGERPRINTED] = ()
         if not names:
             return
@@ -342,12 +355,12 @@ class _Fingerprints:
                 self.previous = torch.zeros(len(self.names), dtype=self.dtype, device=host.device)
             before = self.previous.index_select(0, at)
             change = (fp - before).abs() / before.abs().clamp_min(torch.finfo(self.dtype).tiny)
-            row = host.ledger.current[self.block.start : self.block.stop]
-            row.index_copy_(0, slots, change.to(row.dtype))
+            dest = host.ledger.current[self.block.start : self.block.stop]
+            dest.index_copy_(0, slots, change.to(dest.dtype))
             self.previous.index_copy_(0, at, fp)
-        host.meta.extra[FINGERPRINTED] = tuple(n for n in names if self.taken.get(n) == step - 1)
+        host.meta.extra[FINGERPRINTED] = tuple(n for n in names if self.taken.get(n) == row - 1)
         for n in names:
-            self.taken[n] = step
+            self.taken[n] = row
 
     def _indices(self, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
         cached = self._index.get(names)
