@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .._errors import SentinelError
+from .batch import BatchedMax, OnBad
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
 from .dtypes import DtypePolicy
@@ -76,7 +77,6 @@ class Collector:
         self.model = model
         self.map = ModelMap(model)
         self.optimizers = optimizers
-        self.immediate = immediate
         self.hooks = HookSet()
         self.step = 0
         #: The next step's number (a framework may number steps itself; see stepping.py).
@@ -90,6 +90,9 @@ class Collector:
             self.ledger.fit(p.dtype)
         self._dtypes = DtypePolicy(self.ledger)
         self.meta = StepMeta(step=0, outgrad_complete=True)
+        #: Module outputs and output gradients waiting for the boundary's one batched reduction.
+        self.batch = BatchedMax(self.ledger, self._dtypes)
+        self.immediate = immediate
         self.disabled = False
         #: Set once a hook was traced by torch.compile: its host checks never run.
         self.traced = False
@@ -145,6 +148,14 @@ class Collector:
 
     # ------------------------------------------------------------------ set-up
     @property
+    def immediate(self) -> bool:
+        return self.batch.immediate
+
+    @immediate.setter
+    def immediate(self, value: bool) -> None:
+        self.batch.immediate = value
+
+    @property
     def update_every(self) -> int:
         return self.norms.update_every
 
@@ -194,6 +205,7 @@ class Collector:
         self.scope.closed = True
         unregister_params(self)
         self._last_output = None
+        self.batch.drop()
         try:
             self.hooks.close()
         finally:
@@ -232,6 +244,25 @@ class Collector:
         torch.minimum(views[lo], mn, out=views[lo])
         torch.maximum(views[hi], mx, out=views[hi])
 
+    def reduce_later(self, t: torch.Tensor, lo: int, hi: int, probe: str, on_bad: Optional[OnBad] = None) -> None:
+        """Record ``t`` for the slot pair ``(lo, hi)``: its largest ``|x|`` is written at the
+        next boundary, batched with every other pending tensor (see ``batch.py``); in
+        immediate mode ``on_bad(t)`` is called then if it is non-finite."""
+        self.batch.add(t, lo, hi, probe, on_bad, self._written)
+
+    def flush_pending(self) -> None:
+        """Reduce the pending tensors now (a boundary). A failure that is not a SentinelError
+        is a sentinel bug: one warning, the pending tensors are dropped, training goes on."""
+        if not len(self.batch):
+            return
+        try:
+            self.batch.flush(self._written)
+        except SentinelError:
+            raise
+        except Exception as exc:
+            self.batch.drop()
+            self._unwatched.batch_failed(exc)
+
     def forward_order(self) -> list[int]:
         """Module slots in the order they first completed a forward pass.
 
@@ -263,6 +294,7 @@ class Collector:
             return None
         compiling = _is_compiling()
         if not compiling:
+            self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
         self.meta.forward_calls += 1
         self._in_root = not compiling
@@ -308,6 +340,8 @@ class Collector:
             self._last_output = None
             self._training_forward = False
             self._in_root = False
+            if not compiling:
+                self.flush_pending()  # the end of the model's forward: a boundary
         return None
 
     def _watch_gradient(self, t: torch.Tensor, slot: int) -> None:
@@ -348,6 +382,7 @@ class Collector:
             tensors = tensors[0]
         if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1 or not tensors.requires_grad:
             return
+        self.flush_pending()  # modules called from the loop (no root forward) end here
         loss = self.amp.unscaled(tensors)
         if self._unmarked or not self.scope.supported:
             # Outputs not marked: fall back to "a backward after a forward of the model".
@@ -388,6 +423,8 @@ class Collector:
         graph-cut detectors read. Without an optimizer, the backward was a step
         (``stepping.BackwardSteps``); with optimizers, their step hooks close the row.
         """
+        if not self.disabled:
+            self.flush_pending()  # the end of backward: a boundary
         orphan = self.scope.end()
         if orphan is not None:
             self._backward_reached(orphan)
@@ -429,6 +466,7 @@ class Collector:
         return None
 
     def _before_update(self, optimizer: Any) -> None:
+        self.flush_pending()  # gradients are final: nothing pending may reach the update
         with torch.no_grad():
             self._emit(self._subs["on_pre_step"], optimizer)
 
@@ -447,6 +485,7 @@ class Collector:
 
     # ------------------------------------------------------------------ rows
     def close_row(self) -> None:
+        self.flush_pending()
         meta = self.meta
         self._emit(self._subs["on_row_close"], meta)
         self.rows.push(meta)
@@ -480,6 +519,7 @@ class Collector:
         meta = self.meta
         meta.extra["partial"] = True
         meta.grad_missing = tuple(n for n, _ in self.params)
+        self.batch.drop()
         record = self.rows.take(meta)
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None

@@ -14,8 +14,9 @@ Lifecycle of a probe, in order:
    (``host.ledger.add_block(name, keys)`` / ``add_minmax_block``), subscribe process-wide
    patches through ``host.hooks.subscribe`` (removed at detach), remember what you need.
 2. :meth:`Probe.output_modules`: which modules' outputs :meth:`Probe.on_output` receives.
-3. The events, on the training thread, inside hooks (hot path: launch device ops into your
-   slots, never read a device value; see the sync-audit rules in ``collector.py``):
+3. The events, on the training thread, inside hooks (hot path: record tensors with
+   ``host.reduce_later`` or launch device ops into your slots, never read a device value; see
+   the sync-audit rules in ``collector.py``):
 
    ==========================  ===========================================================
    ``on_root_inputs``           the attached model's forward is called (raw args, kwargs)
@@ -112,6 +113,15 @@ class ProbeHost(Protocol):
         """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device, in the
         row's dtype (float64 once a float64 tensor came by); a dtype torch cannot reduce is
         skipped with one warning naming ``probe``."""
+        ...
+
+    def reduce_later(self, t: torch.Tensor, lo: int, hi: int, probe: str,
+                     on_bad: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+        """Record ``t`` for the slot pair ``(lo, hi)``: at the next boundary (end of the forward,
+        of backward, before the update) every pending tensor is reduced at once and the pair
+        gets ``(-|t|max, |t|max)``. In immediate mode ``on_bad(t)`` is called then if ``t`` is
+        non-finite, in recording order (the first bad tensor first). Eager steps only: under
+        torch.compile use :meth:`reduce_into`, which traces."""
         ...
 
     def host_value(self, i: int) -> float:

@@ -49,6 +49,14 @@ class Unwatched:
                 "watched; ordinary forward/backward passes and optimizer steps still are"
             )
 
+    def batch_failed(self, exc: BaseException) -> None:
+        if "batch" not in self._said:
+            self._said.add("batch")
+            self._warn(
+                f"a batched reduction of module outputs failed ({type(exc).__name__}: {exc}); those outputs "
+                "were not checked at this boundary; the next boundaries, losses, gradient norms and weights still are"
+            )
+
     @staticmethod
     def _warn(message: str) -> None:
         warnings.warn("torch_sentinel: " + message, RuntimeWarning, stacklevel=2)

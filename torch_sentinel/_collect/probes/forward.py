@@ -1,13 +1,19 @@
-"""Forward activations: min and max of every module's output, checked for non-finite values.
+"""Forward activations: the largest |x| of every module's output, checked for non-finite values.
+
+Eager steps record the outputs and reduce them in one batch at the end of the forward (see
+``batch.py``): the ``act`` pair holds (-|x|max, |x|max). Under torch.compile the reduction is
+traced into the graph per module (true min and max).
 
 Value-preserving modules (activations, dropout, pooling, reshapes) are not reduced: a
 non-finite value at their output was already non-finite at their input (see ``VALUE_PRESERVING``).
-In immediate mode a non-finite output is localised on the spot: non-finite weights of the module
-(the previous update), non-finite inputs (functional code of the caller), or the module itself.
+In immediate mode a non-finite output is localised when its batch is reduced, with the output,
+the module and its inputs still in hand: non-finite weights of the module (the previous update),
+non-finite inputs (functional code of the caller), or the module itself.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,28 +43,35 @@ class ForwardProbe(Probe):
             return
         host = self.host
         lo, hi = self.lo.start + slot, self.hi.start + slot
-        host.reduce_into(t, lo, hi, compiling, "forward")
         if compiling:
+            host.reduce_into(t, lo, hi, True, "forward")
             return
         host.meta.shapes[slot] = (t.shape, t.dtype)  # formatted only when a fault is reported
-        if host.immediate and not (host.finite(lo) and host.finite(hi)):
-            self._fault(slot, module, args, t)
+        # The module and its inputs are held (until the boundary) only where a fault is
+        # localised on the spot.
+        on_bad = functools.partial(self._fault, slot, module, args) if host.immediate else None
+        host.reduce_later(t, lo, hi, "forward", on_bad)
 
     def _fault(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor) -> None:
         host = self.host
+        located_by = (f"first non-finite module output in forward order among the batched checks of "
+                      f"step {host.step}")
         name = host.module_names[slot]
         for pname, p in module.named_parameters(recurse=False):
             if not all_finite(p):
                 # Finite inputs, non-finite weights: the previous optimizer step made them.
                 qual = f"{name}.{pname}" if name else pname
-                host.on_fault(weight_fault(host.step, name, qual, None, tensor_evidence(p)))
+                fault = weight_fault(host.step, name, qual, None, tensor_evidence(p))
+                fault.detail["located_by"] = located_by
+                host.on_fault(fault)
                 return
         inputs_finite = True
         for a in iter_tensors(args):
             if reducible(a) and not all_finite(a):
                 inputs_finite = False
                 break
-        detail: dict[str, Any] = {"module_type": type(module).__name__, "inputs_finite": inputs_finite}
+        detail: dict[str, Any] = {"module_type": type(module).__name__, "inputs_finite": inputs_finite,
+                                  "located_by": located_by}
         if not inputs_finite:
             # The input went bad in functional code between submodules: blame the caller, and
             # name the caller's type (not the child's) next to the caller's name.

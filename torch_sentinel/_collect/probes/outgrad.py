@@ -1,4 +1,7 @@
-"""Output gradients: min and max of the gradient arriving at each watched module output.
+"""Output gradients: the largest |x| of the gradient arriving at each watched module output.
+
+The gradients are recorded in their hooks and reduced in one batch when backward returns (see
+``batch.py``); the ``outgrad`` pair holds (-|x|max, |x|max).
 
 The collector registers the gradient hooks (see ``Collector._watch_gradient``) for the outputs
 this probe asks for (:meth:`OutputGradProbe.watching`), and the order in which backward reaches
@@ -7,6 +10,7 @@ them (``meta.bwd_order``) localises a non-finite gradient to the module whose ba
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -55,13 +59,17 @@ class OutputGradProbe(Probe):
 
     def on_output_grad(self, slot: int, grad: torch.Tensor) -> None:
         host = self.host
-        lo = self.lo.start + slot
-        hi = self.hi.start + slot
-        host.reduce_into(grad, lo, hi, probe="outgrad")
         order = host.meta.bwd_order
         previous = order[-1] if order else None
         order.append(slot)
-        if host.immediate and not host.meta.amp and not (host.finite(lo) and host.finite(hi)):
+        on_bad = functools.partial(self._fault, slot, previous) if host.immediate else None
+        host.reduce_later(grad, self.lo.start + slot, self.hi.start + slot, "outgrad", on_bad)
+
+    def _fault(self, slot: int, previous: Optional[int], grad: torch.Tensor) -> None:
+        """A batched check found ``grad`` (arriving at ``slot``'s output) non-finite; under AMP
+        that is the GradScaler's call (a skipped step), not a fault."""
+        host = self.host
+        if not host.meta.amp:
             names = host.module_names
             culprit: Optional[str] = None
             if previous is None:
@@ -69,4 +77,6 @@ class OutputGradProbe(Probe):
             else:
                 culprit = names[previous]
                 detail = {"incoming_to": names[slot], "source": "module backward"}
+            detail["located_by"] = (f"first non-finite output gradient in backward order among the batched "
+                                    f"checks of step {host.step}")
             host.on_fault(Fault(host.step, "gradients", culprit, tensor_evidence(grad), detail))
