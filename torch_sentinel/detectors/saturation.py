@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -40,6 +40,8 @@ class SaturationDetector(Detector):
         self.watch = SaturationWatch()
         self._samples: dict[str, collections.deque[tuple[int, float]]] = {}
         self._reported: set[str] = set()
+        #: (forward order, its last leaf module), recomputed only when the order changes.
+        self._leaf_order: Optional[tuple[tuple[int, ...], str]] = None
 
     def probes(self) -> Sequence[Probe]:
         return (self.watch,)
@@ -47,10 +49,14 @@ class SaturationDetector(Detector):
     def _output_module(self) -> str:
         """The last leaf module in forward order: the model's output activation, if any."""
         names = self.ctx.module_names
-        leaves = [names[s] for s in self.ctx.forward_order()
-                  if not any(n.startswith(names[s] + ".") for n in names if names[s])
-                  and names[s]]
-        return leaves[-1] if leaves else ""
+        order = tuple(self.ctx.forward_order())
+        if self._leaf_order is None or self._leaf_order[0] != order:
+            # Every proper prefix of a qualified name is a parent (one pass, not a pairwise
+            # scan: that was quadratic in the module count, at every flush).
+            parents = {n.rsplit(".", k)[0] for n in names for k in range(1, n.count(".") + 1)}
+            leaves = [names[s] for s in order if names[s] and names[s] not in parents]
+            self._leaf_order = (order, leaves[-1] if leaves else "")
+        return self._leaf_order[1]
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if not self.watch.sites:

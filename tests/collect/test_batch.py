@@ -1,0 +1,125 @@
+"""The batched hot path: one reduction per boundary, exact localisation, nothing held past it."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+import weakref
+
+import pytest
+import torch
+from torch import nn
+
+import torch_sentinel
+from torch_sentinel import NonFiniteError
+from torch_sentinel.testing import count_launches
+
+
+class Poison(nn.Module):
+    """A Linear that turns one output value into NaN (or +Inf) from step ``at`` on."""
+
+    def __init__(self, at: int, value: float) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.at, self.value, self.calls = at, value, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        self.calls += 1
+        if self.calls > self.at:
+            y = y.clone()
+            y[0, 0] = self.value
+        return y
+
+
+def _stack(n: int, bad: int = -1, at: int = 0, value: float = float("nan")) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Poison(at, value) if i == bad else nn.Linear(8, 8) if i % 2 == 0 else nn.Tanh()
+                           for i in range(n)])
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("check", ["immediate", "deferred"], ids=["immediate", "deferred"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_the_first_bad_module_and_step_are_exact_with_many_batched_outputs(check: str, value: float) -> None:
+    # 150 modules: more outputs than one batch holds, the bad one in the second batch.
+    model = _stack(150, bad=100, at=3, value=value)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NonFiniteError, match=r"step 3\b.*'100'") as info, \
+                torch_sentinel.attach(model, opt, check=check):
+            _train(model, opt, 6)
+    err = info.value
+    assert (err.step, err.boundary, err.module) == (3, "forward", "100")
+    if check == "immediate":
+        # Found among the batched per-tensor results; the tensor itself was still in hand.
+        assert err.evidence["located_by"] == (
+            "first non-finite module output in forward order among the batched checks of step 3")
+        assert (err.nan, err.posinf) == ((1, 0) if value != value else (0, 1))
+
+
+def test_a_bad_output_gradient_is_charged_to_the_module_whose_backward_made_it() -> None:
+    class Blow(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx: object, g: torch.Tensor) -> torch.Tensor:
+            return g * float("inf")
+
+    class Custom(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Blow.apply(x)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8), Custom(), nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.raises(NonFiniteError) as info, torch_sentinel.attach(model, opt, check="immediate"):
+        _train(model, opt, 1)
+    err = info.value
+    assert (err.step, err.boundary, err.module) == (0, "gradients", "3")
+    assert err.evidence["incoming_to"] == "2"
+    assert "batched checks of step 0" in err.evidence["located_by"]
+
+
+def test_device_work_per_step_does_not_grow_with_the_module_count() -> None:
+    """The batched reductions launch per boundary (a chunk of 64 outputs), not per module."""
+
+    def reductions(n: int) -> float:
+        model = _stack(n)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch_sentinel.attach(model, opt, check="deferred", flush_every=1000):
+                _train(model, opt, 11)  # past the ten fully sampled first steps
+                with count_launches() as c:
+                    _train(model, opt, 1)
+        return c.ops["_foreach_norm"] + c.ops.get("aminmax", 0)
+
+    # 20 checked outputs fit one forward batch; 120 need two. Per module it was one each.
+    assert reductions(40) <= 4
+    assert reductions(240) <= 6
+
+
+def test_no_module_output_is_held_past_its_forward() -> None:
+    model = _stack(10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: list[weakref.ref[torch.Tensor]] = []
+    model[4].register_forward_hook(lambda m, a, out: seen.append(weakref.ref(out)))
+    with torch_sentinel.attach(model, opt, check="deferred"):
+        with torch.no_grad():  # a no-grad forward is not watched at all
+            model(torch.randn(4, 8))
+        out = model(torch.randn(4, 8)).sum()  # a training forward without backward
+        del out
+        gc.collect()
+        assert all(r() is None for r in seen)
