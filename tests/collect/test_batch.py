@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 import warnings
 import weakref
 
@@ -12,6 +13,7 @@ from torch import nn
 
 import torch_sentinel
 from torch_sentinel import NonFiniteError
+from torch_sentinel._collect import batch
 from torch_sentinel.testing import count_launches
 
 
@@ -47,9 +49,17 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
         opt.step()
 
 
+@pytest.fixture(params=[False, True], ids=["loop", "fused"])
+def strategy(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both reduction strategies: per-tensor aminmax (CPU) and the multi-tensor one (accelerators)."""
+    monkeypatch.setattr(batch, "FUSED_ON_CPU", request.param)
+    return bool(request.param)
+
+
 @pytest.mark.parametrize("check", ["immediate", "deferred"], ids=["immediate", "deferred"])
-@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
-def test_the_first_bad_module_and_step_are_exact_with_many_batched_outputs(check: str, value: float) -> None:
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+def test_the_first_bad_module_and_step_are_exact_with_many_batched_outputs(check: str, value: float,
+                                                                           strategy: bool) -> None:
     # 150 modules: more outputs than one batch holds, the bad one in the second batch.
     model = _stack(150, bad=100, at=3, value=value)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -64,10 +74,11 @@ def test_the_first_bad_module_and_step_are_exact_with_many_batched_outputs(check
         # Found among the batched per-tensor results; the tensor itself was still in hand.
         assert err.evidence["located_by"] == (
             "first non-finite module output in forward order among the batched checks of step 3")
-        assert (err.nan, err.posinf) == ((1, 0) if value != value else (0, 1))
+        assert (err.nan, err.posinf, err.neginf) == (int(value != value), int(value == math.inf),
+                                                     int(value == -math.inf))
 
 
-def test_a_bad_output_gradient_is_charged_to_the_module_whose_backward_made_it() -> None:
+def test_a_bad_output_gradient_is_charged_to_the_module_whose_backward_made_it(strategy: bool) -> None:
     class Blow(torch.autograd.Function):
         @staticmethod
         def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
@@ -92,8 +103,9 @@ def test_a_bad_output_gradient_is_charged_to_the_module_whose_backward_made_it()
     assert "batched checks of step 0" in err.evidence["located_by"]
 
 
-def test_device_work_per_step_does_not_grow_with_the_module_count() -> None:
-    """The batched reductions launch per boundary (a chunk of 64 outputs), not per module."""
+def test_device_work_per_step_does_not_grow_with_the_module_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused reductions launch per boundary (a chunk of 64 outputs), not per module."""
+    monkeypatch.setattr(batch, "FUSED_ON_CPU", True)
 
     def reductions(n: int) -> float:
         model = _stack(n)
@@ -111,7 +123,7 @@ def test_device_work_per_step_does_not_grow_with_the_module_count() -> None:
     assert reductions(240) <= 6
 
 
-def test_no_module_output_is_held_past_its_forward() -> None:
+def test_no_module_output_is_held_past_its_forward(strategy: bool) -> None:
     model = _stack(10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen: list[weakref.ref[torch.Tensor]] = []

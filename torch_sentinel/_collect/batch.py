@@ -1,25 +1,29 @@
-"""Batched reductions: hooks record what to reduce; one multi-tensor reduction per boundary.
+"""Batched reductions: hooks record what to reduce; the device work runs once per boundary.
 
-On the hot path a module's forward hook (or an output-gradient hook) does not launch anything:
-it appends ``(tensor, slots)`` to a pending list. At the next boundary (the root's forward
+On the hot path a module's forward hook (or an output-gradient hook) launches nothing: it
+appends ``(tensor, slots)`` to a pending list. At the next boundary (the root's forward
 returns, ``backward()`` returns, the optimizer is about to step, the row closes) or when the
-list reaches ``cap`` tensors, the whole list is reduced at once:
+list reaches ``cap`` tensors, the whole list is reduced. Two strategies, by device:
 
-- one ``torch._foreach_norm(tensors, inf)`` per dtype: the largest ``|x|`` of each tensor
-  (NaN if any NaN, +inf if any ±Inf), one multi-tensor launch;
-- one ``torch.stack``, one ``neg`` and two ``scatter_reduce_`` into the row: ``|x|max`` folded
-  into the ``max`` slot (``amax``), ``-|x|max`` into the ``min`` slot (``amin``), so a module
-  called twice, gradient accumulation and duplicates within one batch fold on the device.
-
-A (min, max) pair written here is therefore symmetric (``-m``, ``m``): every consumer of these
-blocks reads ``max(|min|, |max|)`` and "touched" as ``max >= min``, which the pair keeps.
+- **fused** (accelerators, where the cost is counted in kernel launches): one
+  ``torch._foreach_norm(tensors, inf)`` per (device, dtype) group gives the largest ``|x|`` of
+  each tensor (NaN if any NaN, +inf if any ±Inf) in one multi-tensor launch, then one
+  ``torch.stack``, one ``neg`` and two ``scatter_reduce_`` fold ``|x|max`` into the ``max``
+  slots (``amax``) and ``-|x|max`` into the ``min`` slots (``amin``): five launches per
+  boundary however many modules ran. amax/amin propagate NaN on every backend (pytorch#75651),
+  and fold a module called twice, gradient accumulation and duplicates within one batch. The
+  pair written is symmetric (``-m``, ``m``): every consumer of these blocks reads
+  ``max(|min|, |max|)`` and "touched" as ``max >= min``, which it keeps.
+- **loop** (CPU, where there are no launches to save and torch's CPU ``_foreach`` kernels loop
+  over the tensors anyway, 4-6x slower than ``aminmax`` for an inf-norm): one ``aminmax`` per
+  tensor at the boundary, into the pair, true min and max (as before batching).
 
 The cap bounds what is held: at most ``cap`` activations or gradients outlive their hook, and
 none outlives the boundary that follows (so none outlives its step). In immediate mode the
-flushed values are read back (a numpy view on CPU) and, only when one is non-finite, the first
+results are read back (a numpy view on CPU) and, only when one is non-finite, the first
 non-finite entry in recording order (forward order in forward, backward order in backward) is
-handed to its probe's localisation callback with the tensor itself: the per-tensor results of
-the batched op are per module, so localisation stays exact.
+handed to its probe's localisation callback with the tensor itself: the per-tensor results
+are per module, so localisation stays exact.
 """
 
 from __future__ import annotations
@@ -34,20 +38,24 @@ from .dtypes import DtypePolicy
 from .ledger import Ledger
 from .transfer import read_now
 
-__all__ = ["BatchedMax"]
+__all__ = ["FUSED_ON_CPU", "BatchedMax"]
 
 #: Called with the offending tensor when its batched result is non-finite (immediate mode).
 OnBad = Callable[[torch.Tensor], None]
 
 _INF = math.inf
+#: Use the fused strategy on CPU too (the launch-count test measures the accelerator path so).
+FUSED_ON_CPU = False
 _CACHE_LIMIT = 512
 
 
 class BatchedMax:
     """The pending ``(tensor, min slot, max slot)`` entries of the current boundary."""
 
-    def __init__(self, ledger: Ledger, dtypes: DtypePolicy, cap: int = 64) -> None:
+    def __init__(self, ledger: Ledger, dtypes: DtypePolicy, cap: int = 64, fused: Optional[bool] = None) -> None:
         self.ledger = ledger
+        #: The multi-tensor strategy (default: on accelerators; see the module docstring).
+        self.fused = (ledger.device.type != "cpu" or FUSED_ON_CPU) if fused is None else fused
         self.dtypes = dtypes
         self.cap = cap
         self.immediate = False
@@ -85,36 +93,53 @@ class BatchedMax:
             return
         tensors, lo, hi, on_bad = self._tensors, self._lo, self._hi, self._on_bad
         self.drop()  # first: a raise below must leave a clean list
+        if self.fused:
+            self._fused(tensors, lo, hi, on_bad, written)
+        else:
+            self._loop(tensors, lo, hi, on_bad, written)
+
+    def _loop(self, tensors: list[torch.Tensor], lo: list[int], hi: list[int],
+              on_bad: list[Optional[OnBad]], written: set[int]) -> None:
+        ledger = self.ledger
+        views, dtype, hv = ledger.views, ledger.dtype, ledger.host_view
+        check = self.immediate
+        for t, a, b, bad in zip(tensors, lo, hi, on_bad):
+            if t.dtype is dtype and a not in written:
+                written.add(a)
+                torch.aminmax(t, out=(views[a], views[b]))
+            else:
+                mn, mx = torch.aminmax(t)
+                torch.minimum(views[a], mn, out=views[a])
+                torch.maximum(views[b], mx, out=views[b])
+            if check and bad is not None:
+                low, high = (hv[a], hv[b]) if hv is not None else (read_now(views[a]), read_now(views[b]))
+                if not (math.isfinite(low) and math.isfinite(high)):
+                    bad(t)
+
+    def _fused(self, tensors: list[torch.Tensor], lo: list[int], hi: list[int],
+               on_bad: list[Optional[OnBad]], written: set[int]) -> None:
         row = self.ledger.current
-        dtype = row.dtype
-        first = tensors[0].dtype
-        if all(t.dtype is first for t in tensors):
+        first = tensors[0]
+        if all(t.dtype is first.dtype and t.device == first.device for t in tensors):
             groups = [list(range(len(tensors)))]
-        else:  # autocast: fp16/bf16 and float32 outputs in one forward
-            by: dict[torch.dtype, list[int]] = {}
+        else:  # autocast (fp16/bf16 next to float32), or a model split over devices
+            by: dict[tuple[torch.dtype, torch.device], list[int]] = {}
             for i, t in enumerate(tensors):
-                by.setdefault(t.dtype, []).append(i)
+                by.setdefault((t.dtype, t.device), []).append(i)
             groups = list(by.values())
         results: list[tuple[list[int], torch.Tensor]] = []
         for idx in groups:
-            group = [tensors[i] for i in idx] if len(groups) > 1 else tensors
-            m = torch.stack(torch._foreach_norm(group, _INF))
-            if m.dtype is not dtype:
-                m = m.to(dtype)
-            g_lo = [lo[i] for i in idx] if len(groups) > 1 else lo
-            g_hi = [hi[i] for i in idx] if len(groups) > 1 else hi
-            self._write(row, m, g_lo, g_hi, written)
+            whole = len(groups) == 1
+            m = torch.stack(torch._foreach_norm(tensors if whole else [tensors[i] for i in idx], _INF))
+            if m.dtype is not row.dtype or m.device != row.device:
+                m = m.to(row.device, row.dtype, non_blocking=True)
+            # scatter_reduce_ folds with what the slots hold and between duplicates.
+            row.scatter_reduce_(0, self._indices(hi if whole else [hi[i] for i in idx]), m, "amax")
+            row.scatter_reduce_(0, self._indices(lo if whole else [lo[i] for i in idx]), m.neg(), "amin")
             results.append((idx, m))
+        written.update(lo)
         if self.immediate:
             self._check(results, tensors, on_bad)
-
-    def _write(self, row: torch.Tensor, m: torch.Tensor, lo: list[int], hi: list[int], written: set[int]) -> None:
-        # scatter_reduce folds with what the slots hold (a module called twice, gradient
-        # accumulation) and between duplicates in one batch; amax/amin propagate NaN on every
-        # backend (pytorch#75651).
-        row.scatter_reduce_(0, self._indices(hi), m, "amax")
-        row.scatter_reduce_(0, self._indices(lo), m.neg(), "amin")
-        written.update(lo)
 
     def _indices(self, slots: list[int]) -> torch.Tensor:
         key = tuple(slots)

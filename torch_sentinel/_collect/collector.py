@@ -309,9 +309,12 @@ class Collector:
         # A no_grad region inside a training forward is still the training forward: the
         # reentrant torch.utils.checkpoint runs its block so (the backward recomputes it with
         # grad), and a NaN made there must be charged to the module inside the block.
-        if self.disabled or not (torch.is_grad_enabled() or self._training_forward) or self._in_transform():
+        if self.disabled or not (torch.is_grad_enabled() or self._training_forward):
             return None
         compiling = _is_compiling()
+        if not compiling and _functorch_active():  # one query each: this runs for every module
+            self._unwatched.transform()
+            return None
         self._forward_since_backward = True
         subs = self._out_subs[slot]
         for t in (output,) if type(output) is torch.Tensor else iter_tensors(output):
