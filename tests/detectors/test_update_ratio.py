@@ -27,9 +27,9 @@ def test_update_ratio(lr: float, fires: bool) -> None:
     if fires:
         ev = hits[0].evidence
         assert ev["ratio"] > 0.1 and ev["largest_param"].endswith("weight")
-        # The weight norms before every step bound the ratio from below before the third
-        # sampled step (0, 2, 4) comes: steps 0, 1, 2 already prove it.
-        assert ev["steps"] == [0, 1, 2] and ev["measured"].endswith("(lower bound)")
+        # The weight norms before every step bound the ratio from below (steps 0, 1, 2) unless
+        # the weights have grown tenfold by then; the third sampled step (0, 2, 4) proves it too.
+        assert ev["steps"] in ([0, 1, 2], [0, 2, 4])
 
 
 def _warmup_run(peak_lr: float, steps: int = 30) -> list[torch_sentinel.Finding]:
@@ -70,3 +70,28 @@ def test_lr_too_high_during_warm_up_is_found_between_samples(peak_lr: float, fir
     assert f.onset_step == 0 and f.step is not None and f.step <= 20
     assert f.evidence["ratio_at_least"] > 0.1 and f.next_check == "lower_learning_rate"
     assert "was at least" in f.message and "the learning rate is likely too high" in f.message
+
+
+@pytest.mark.parametrize(("init", "optimizer", "lr"),
+                         [("zeros", "sgd", 0.1), ("zeros", "adam", 1e-2), ("tiny", "adam", 1e-3)],
+                         ids=["zeros_sgd_0.1", "zeros_adam_1e-2", "normal_1e-4_adam_1e-3"])
+def test_weights_growing_from_nothing_are_not_a_high_ratio(init: str, optimizer: str, lr: float) -> None:
+    """A logistic regression from zero (or tiny) weights grows by large relative steps at any
+    lr: the lower bound read from the weight norms is not evidence there (it was a false
+    alarm: "changed by 74%, 45%, 23% of itself")."""
+    torch.manual_seed(0)
+    model = nn.Linear(20, 3)
+    if init == "zeros":
+        nn.init.zeros_(model.weight)
+    else:
+        nn.init.normal_(model.weight, 0.0, 1e-4)
+    nn.init.zeros_(model.bias)
+    opt = (torch.optim.SGD if optimizer == "sgd" else torch.optim.Adam)(model.parameters(), lr=lr)
+    w = torch.randn(20, 3)
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(30):
+            x = torch.randn(64, 20)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), (x @ w).argmax(1)).backward()
+            opt.step()
+        assert s.report().findings == []

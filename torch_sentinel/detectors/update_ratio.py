@@ -9,7 +9,12 @@ step (``param_norm``), and by the triangle inequality ``| ||W_k+1|| - ||W_k|| | 
 relative change of the weights' global norm above ``high`` on ``min_samples`` consecutive
 observed steps proves the ratio is too high there, at a step that no sample may fall on (an lr
 100x too high during a warm-up, after which Adam's weights have grown to match it and the
-sampled ratio looks ordinary again). It can only prove "too high", never "too low".
+sampled ratio looks ordinary again). It can only prove "too high", never "too low". Weights
+that start from nothing (zero or tiny init: a logistic regression from zeros) grow by large
+relative steps at any lr, so the bound is read only for weights whose initial norm is not 0 and
+while their norm is within ``_GROWN`` times what it was at the first step: beyond that the
+weights are made of their updates, and a relative change says where they started, not how
+large the lr is.
 
 Thresholds (median over ``update_ratio.min_samples`` = 3 sampled steps):
 - ``update_ratio.high`` = 0.1: DeepDiagnosis's upper bound on lr * ||dW|| / ||W||; 100x the
@@ -37,6 +42,10 @@ from .gradient_scale import _layers
 
 __all__ = ["UpdateRatioDetector"]
 
+#: The weights' global norm may have grown this many times over its first recorded value and
+#: still be read for the lower bound: an order of magnitude (an lr 100x too high shows within 3x-7x).
+_GROWN = 10.0
+
 
 class UpdateRatioDetector(Detector):
     kind = "update_ratio"
@@ -56,6 +65,8 @@ class UpdateRatioDetector(Detector):
         self._prev_norms: Optional[tuple[int, dict[str, float], bool]] = None
         #: (step, lower bound of the global ratio, layer weight with the largest one, its bound)
         self._bounds: collections.deque[tuple[int, float, str, float]] = collections.deque(maxlen=self.min_samples)
+        #: each weight's norm at the first row that recorded it
+        self._first: dict[str, float] = {}
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if not self._weights:
@@ -95,13 +106,17 @@ class UpdateRatioDetector(Detector):
         skip = set(rec.meta.frozen) | set(rec.meta.grad_missing)
         stepped = not rec.meta.amp_skipped and any(lr for lr in rec.meta.lrs if lr is not None)
         prev, self._prev_norms = self._prev_norms, (rec.step, {n: par[n] for n in self._weights if n not in skip}, stepped)
+        for n in self._weights:
+            self._first.setdefault(n, par[n])
         if prev is None or prev[0] != rec.step - 1 or not prev[2] or self._reported:
             return []
-        names = [n for n in self._weights if prev[1].get(n, 0) > 0 and n in par]
+        names = [n for n in self._weights if prev[1].get(n, 0) > 0 and n in par and self._first[n] > 0]
         w0 = np.array([prev[1][n] for n in names], dtype=np.float64)
         w1 = np.array([par[n] for n in names], dtype=np.float64)
-        if not names or not (np.isfinite(w0).all() and np.isfinite(w1).all()):
-            self._bounds.clear()
+        first = np.array([self._first[n] for n in names], dtype=np.float64)
+        if not names or not (np.isfinite(w0).all() and np.isfinite(w1).all() and np.isfinite(first).all()) \
+                or (w0**2).sum() > _GROWN**2 * (first**2).sum():
+            self._bounds.clear()  # nothing to read, or weights made of their updates by now
             return []
         per = np.abs(w1 - w0) / w0
         i = int(np.argmax(per))
