@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 import torch
@@ -190,3 +190,21 @@ def test_scale_invariant_weight_before_a_norm_layer(restore_from: int | None) ->
     assert f.onset_step == (0 if restore_from == 0 else 20)
     assert f.step is not None and f.step - restore_from <= 20
     assert "the weights were restored between steps" in f.message
+
+
+def test_fingerprints_failing_falls_back_to_the_norm_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never the reason training stops: a device or dtype without a float64 L1 norm switches
+    the fingerprints off with one warning; a still weight is then judged by its L2 norm alone."""
+    real = torch._foreach_norm
+
+    def refuse_float64(tensors: Any, ord: Any = 2, dtype: Any = None) -> Any:
+        if dtype is torch.float64:
+            raise RuntimeError("no float64 here")
+        return real(tensors, ord, dtype=dtype) if dtype is not None else real(tensors, ord)
+
+    monkeypatch.setattr(torch, "_foreach_norm", refuse_float64)
+    with pytest.warns(RuntimeWarning, match="first-order weight fingerprints are not taken") as caught:
+        findings = _before_layer_norm(0, steps=12)
+    assert len([w for w in caught if "fingerprints" in str(w.message)]) == 1
+    (f,) = [f for f in findings if f.kind == "no_update"]
+    assert f.module == "0" and f.onset_step == 0

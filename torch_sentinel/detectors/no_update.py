@@ -33,6 +33,7 @@ Thresholds:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, Optional
 
@@ -114,8 +115,19 @@ class NoUpdateDetector(Detector, Probe):
             self._fp = _Fingerprints(host, printable, lambda: self._candidates)
 
     def on_pre_step(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        if self._fp is not None:
+        if self._fp is None:
+            return
+        try:
             self._fp.take(self._rows)
+        except Exception as exc:  # a device or dtype without a float64 L1 norm
+            # Only the fingerprints stop: the still L2 norm decides alone, as before them.
+            self._unprintable.update(self._fp.names)
+            self._fp = None
+            warnings.warn(
+                f"torch_sentinel: no_update's first-order weight fingerprints are not taken "
+                f"({type(exc).__name__}: {exc}); a still weight norm is reported without them, so a "
+                "scale-invariant weight before a normalisation layer may be reported as not updating",
+                RuntimeWarning, stacklevel=2)
 
     def on_row_close(self, meta: StepMeta) -> None:
         # Rows are compared when they are consecutive rows, whatever their step numbers:
