@@ -7,7 +7,8 @@ Evidence is checked along a ladder: data → shapes → forward → loss → gra
 
 from __future__ import annotations
 
-from ._api import Sentinel, attach
+from ._api import Sentinel
+from ._attach import attach
 from ._errors import (
     InstrumentationError,
     NonFiniteError,

@@ -11,7 +11,6 @@ import collections
 import logging
 import os
 import warnings
-from collections.abc import Sequence
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -26,9 +25,9 @@ from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
 from ._errors import NonFiniteError, SentinelError, format_message
 from ._findings import Finding
-from ._lifecycle import attached_to, dump_state, forget, load_state, register
+from ._lifecycle import dump_state, forget, load_state
+from ._model_side import ModelSide, ModelSideHandle
 from ._options import Options, resolve_check_mode
-from ._unwrap import unwrap_optimizer
 from .detectors import RunContext, default_detectors
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
@@ -36,42 +35,21 @@ from .repro.run_record import RunRecord
 from .shapes.notes import install_shape_notes
 from .sinks import SinkContext, build_sinks
 
-__all__ = ["Sentinel", "attach"]
+__all__ = ["Sentinel"]
 
 logger = logging.getLogger("torch_sentinel")
 
-OptimizerArg = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], None]
-
-
-def _as_optimizers(optimizer: OptimizerArg) -> list[torch.optim.Optimizer]:
-    if optimizer is None:
-        return []
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return [unwrap_optimizer(optimizer)]
-    if isinstance(optimizer, (list, tuple)) and all(isinstance(o, torch.optim.Optimizer) for o in optimizer):
-        return [unwrap_optimizer(o) for o in optimizer]
-    got = type(optimizer).__name__
-    if isinstance(optimizer, (list, tuple)):
-        got = "a sequence containing " + ", ".join(sorted({type(o).__name__ for o in optimizer}))
-    raise TypeError(
-        format_message(
-            "attach() expected a torch.optim.Optimizer, a list of them, or None as optimizer",
-            arrived=got,
-            next_check="pass the optimizer object itself (not its class, a scheduler, or its state_dict)",
-        )
-    )
-
-
-class Sentinel:
+class Sentinel(ModelSideHandle):
     """The handle returned by :func:`attach`. Use it as a context manager, or call
     :meth:`detach` when done; either way, everything it installed is removed exactly."""
 
     def __init__(self, model: nn.Module, optimizers: list[torch.optim.Optimizer], options: Options) -> None:
         self.options = options
-        self.model = model
-        self.optimizers = optimizers
-        self._root = unwrap_model(model)
+        root = unwrap_model(model)
+        self._model_name = type(root).__name__
         self._detached = False
+        #: The step in progress when the sentinel was closed (the collector goes with the model).
+        self._closed_at = options.start_step
         self._findings: list[Finding] = []
         self._finding_keys: set[tuple[str, Optional[str], str]] = set()
         self._window: list[StepRecord] = []
@@ -88,18 +66,21 @@ class Sentinel:
         self.rank = _rank()
 
         collector = Collector(model, optimizers, immediate=False, update_every=0, on_record=self._on_record)
+        # Everything that refers to the model lives in `side`, owned by the model; this object
+        # holds it weakly (see _model_side.py). `_pinned` holds it while it closes us.
+        side = ModelSide(model, root, optimizers, collector, self._on_model_collected)
+        self._hold(side)
         self.check_mode = resolve_check_mode(options.check, collector.device.type)
         collector.immediate = self.check_mode == "immediate"
         if options.update_every is not None:
             collector.update_every = options.update_every
         elif collector.update_copy_bytes <= options.update_copy_limit_bytes:
             collector.update_every = 10
-        self._collector = collector
-        self._collector.on_fault = self._on_immediate_fault
+        collector.on_fault = self._on_immediate_fault
         collector.number_steps(options.start_step, options.step_source)
-        c = self._collector
+        c = collector
         held = {id(q) for o in optimizers for g in o.param_groups for q in g["params"]}
-        self.context = RunContext(
+        side.context = context = RunContext(
             module_names=c.module_names,
             module_types={n: type(m).__name__ for n, m in c.map.modules},
             param_names=[n for n, _ in c.params],
@@ -115,19 +96,19 @@ class Sentinel:
             adversarial=lambda: c.adversarial,
         )
         self._core_width = c.ledger.width
-        self._nonfinite = NonFiniteDiagnosis(self.context)
-        self._detectors = default_detectors(self.context, options.disable)
-        for d in self._detectors:
+        side.nonfinite = NonFiniteDiagnosis(context)
+        side.detectors = default_detectors(context, options.disable)
+        for d in side.detectors:
             for probe in d.probes():
                 c.add_probe(probe)
         # After the core width: norms before clipping, from the loop's own clip calls.
         c.add_probe(ClipProbe())
         # Under torch.distributed, ranks agree on non-finite faults before anyone raises.
-        self._ranks = RankSync.maybe(
+        side.ranks = RankSync.maybe(
             options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
         )
         self._liveness = HookLiveness.for_collector(
-            c, self.context.param_owner, type(self._root).__name__, options.blind_hooks
+            c, context.param_owner, self._model_name, options.blind_hooks
         )
         self.manifest: dict[str, Any] = {}
         sink_context = SinkContext(
@@ -137,7 +118,7 @@ class Sentinel:
             is_writer=self.rank in (None, 0) or options.per_rank_logs,
             manifest=self.manifest,
             module_names=c.module_names,
-            param_owner=self.context.param_owner,
+            param_owner=context.param_owner,
             module_log_every=options.module_log_every,
         )
         # Fills the manifest before the sinks read it; writes manifest.json; incident bundles.
@@ -149,18 +130,20 @@ class Sentinel:
         except BaseException:
             # Nothing half-installed stays behind: hooks, patches, open event files.
             self._detached = True
+            side.closed()
             c.close()
             for sink in self._sinks:
                 self._safe(sink.close)
             raise
-        for d in self._detectors:
+        for d in side.detectors:
             self._add_findings(d.at_attach(), write=True)
 
     # ------------------------------------------------------------------ public
     @property
     def step(self) -> int:
         """Optimizer steps completed so far (the 0-based index of the step in progress)."""
-        return self._collector.step
+        side = self._live_side()
+        return side.collector.step if side is not None and not self._detached else self._closed_at
 
     @property
     def findings(self) -> list[Finding]:
@@ -168,8 +151,9 @@ class Sentinel:
 
     @property
     def root(self) -> nn.Module:
-        """The attached model without its DDP / ``torch.compile`` wrappers."""
-        return self._root
+        """The attached model without its DDP / ``torch.compile`` wrappers (a SentinelError
+        once it was garbage-collected)."""
+        return self._side().root
 
     def recent_records(self) -> list[StepRecord]:
         """The last step records that reached the host (up to 64), oldest first."""
@@ -191,11 +175,13 @@ class Sentinel:
         """Record this step's training loss explicitly; it wins over the captured one."""
         if not isinstance(loss, torch.Tensor):
             loss = torch.tensor(float(loss))
-        self._collector.observe_loss(loss)
+        if not self._detached:
+            self._collector.observe_loss(loss)
 
     def observe_validation(self, loss: Union[torch.Tensor, float]) -> None:
         """Record a validation loss at the current step (for the curve detectors)."""
-        self._collector.observe_validation(loss)
+        if not self._detached:
+            self._collector.observe_validation(loss)
 
     def note(self, symptom: str = "", hypothesis: str = "", change: str = "", **fields: Any) -> None:
         """Add an entry to the experiment log (symptom, hypothesis, one change)."""
@@ -296,6 +282,9 @@ class Sentinel:
     def _detach(self, quiet: bool) -> None:
         if self._detached:
             return
+        side = self._live_side()
+        if side is None:
+            return  # the model is being collected: its side closes this sentinel (_on_model_collected)
         try:
             if quiet:
                 try:
@@ -305,16 +294,18 @@ class Sentinel:
             else:
                 self.flush()
         finally:
+            self._closed_at = side.collector.step
             self._detached = True
+            side.closed()
             # Verdicts that need the whole run reach the sinks (findings.jsonl, TensorBoard)
             # even when report() is never called; findings already reported are not repeated.
-            for d in self._detectors:
+            for d in side.detectors:
                 self._safe(self._finish_detector, d)
-            self._collector.close()
+            side.collector.close()
             self._safe(self._run_record.close)
             for sink in self._sinks:
                 self._safe(sink.close)
-            forget(self._root, self)
+            forget(side.root, self)
 
     def _close_unattended(self) -> None:
         """Detach without the user: at interpreter exit, or when the sentinel is collected.
@@ -340,7 +331,7 @@ class Sentinel:
 
     def __repr__(self) -> str:
         state = "detached" if self._detached else f"step {self.step}"
-        return f"<Sentinel {type(self._root).__name__} check={self.check_mode!r} {state}>"
+        return f"<Sentinel {self._model_name} check={self.check_mode!r} {state}>"
 
     # ------------------------------------------------------------------ internals
     def _on_record(self, record: StepRecord) -> None:
@@ -489,66 +480,3 @@ def _rank() -> Optional[int]:
     if dist.is_available() and dist.is_initialized():
         return int(dist.get_rank())
     return None
-
-
-def attach(
-    model: nn.Module,
-    optimizer: OptimizerArg = None,
-    *,
-    log_dir: Optional[str] = None,
-    check: str = "auto",
-    flush_every: int = 10,
-    on_nonfinite: str = "raise",
-    **options: Any,
-) -> Sentinel:
-    """Instrument ``model`` (and ``optimizer``) in one line; the training loop stays as it is.
-
-    Args:
-        model: any ``nn.Module``, also wrapped in DDP or ``torch.compile``.
-        optimizer: a ``torch.optim.Optimizer``, a list of them, or None (forward-only checks).
-        log_dir: where TensorBoard event files, ``findings.jsonl`` and ``manifest.json`` go.
-        check: ``"immediate"`` checks inside each hook and raises there; ``"deferred"`` moves
-            flags to the host asynchronously and raises at the next hook or step call, naming
-            the exact step; ``"auto"`` is immediate on CPU and deferred on accelerators.
-        flush_every: steps between detector runs and log writes.
-        on_nonfinite: ``"raise"``, ``"warn"`` or ``"record"``; ``$TORCH_SENTINEL_ON_NONFINITE``
-            overrides it.
-        **options: see :class:`torch_sentinel._options.Options` (``seed``, ``log_every``,
-            ``disable``, ``thresholds``, ``update_every``, ...).
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(
-            format_message(
-                "attach() expected an nn.Module as model",
-                arrived=f"{type(model).__module__}.{type(model).__qualname__}",
-                next_check="pass the model instance, e.g. attach(model, optimizer)",
-            )
-        )
-    optimizers = _as_optimizers(optimizer)
-    opts = Options.build(
-        log_dir=log_dir, check=check, flush_every=flush_every, on_nonfinite=on_nonfinite, **options
-    )
-    root = unwrap_model(model)
-    existing = attached_to(root)
-    if existing is not None and existing.attached:
-        raise SentinelError(
-            format_message(
-                f"a sentinel is already attached to this {type(root).__name__}",
-                expected="one sentinel per model",
-                arrived=f"a second attach() while {existing!r} is still attached",
-                next_check="call sentinel.detach() (or leave its `with` block) before attaching again",
-            )
-        )
-    model_params = {id(p) for p in root.parameters()}
-    for i, opt in enumerate(optimizers):
-        held = [p for g in opt.param_groups for p in g["params"]]
-        if held and not any(id(p) in model_params for p in held):
-            warnings.warn(
-                f"optimizer {i} ({type(opt).__name__}) holds none of the model's parameters: "
-                "was it built for another model, or before the model was replaced?",
-                UserWarning,
-                stacklevel=2,
-            )
-    sentinel = Sentinel(model, optimizers, opts)
-    register(root, sentinel, sentinel._close_unattended)
-    return sentinel

@@ -7,6 +7,7 @@ import gc
 import pathlib
 import weakref
 
+import pytest
 import torch
 from helpers import MLP, make_batch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -54,3 +55,49 @@ def test_patches_stay_while_another_sentinel_lives(tmp_path: pathlib.Path) -> No
     assert torch.autograd.backward is not ORIGINAL_BACKWARD  # still needed by `kept`
     kept.detach()
     assert torch.autograd.backward is ORIGINAL_BACKWARD
+
+
+def _train_and_keep_sentinel(log_dir: pathlib.Path, check: str, keep_optimizer: bool, steps: int = 7
+                             ) -> tuple[torch_sentinel.Sentinel, weakref.ref, weakref.ref, object]:
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sentinel = torch_sentinel.attach(model, opt, log_dir=str(log_dir), check=check)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x, y = make_batch("mlp", generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    kept = opt if keep_optimizer else None
+    return sentinel, weakref.ref(model), weakref.ref(model.head.weight if not keep_optimizer else model.act), kept
+
+
+@pytest.mark.parametrize("keep_optimizer", [False, True], ids=["model-and-optimizer-dropped", "optimizer-kept"])
+@pytest.mark.parametrize("check", ["immediate", "deferred"])
+def test_a_kept_sentinel_does_not_keep_a_dropped_model(tmp_path: pathlib.Path, check: str,
+                                                       keep_optimizer: bool) -> None:
+    """A sentinel kept in a list of callbacks: dropping the model frees the model, its modules
+    and (without the optimizer) its parameters; the sentinel closes itself quietly, with every
+    step on disk, and reads as detached."""
+    callbacks = []
+    sentinel, model, part, kept_optimizer = _train_and_keep_sentinel(tmp_path, check, keep_optimizer)
+    callbacks.append(sentinel)
+    del sentinel
+    gc.collect()
+    assert model() is None and part() is None
+    kept = callbacks[0]
+    assert not kept.attached
+    assert torch.autograd.backward is ORIGINAL_BACKWARD  # its patches went with the model
+    kept.detach()  # a no-op now
+    assert kept.step == 7
+    assert kept.report().steps == 7
+    assert "detached" in repr(kept)
+    with pytest.raises(torch_sentinel.SentinelError, match=r"(?s)was garbage-collected.*keep a reference to the model"):
+        kept.root  # noqa: B018
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss/train")] == list(range(7))
+    if kept_optimizer is not None:
+        # The kept optimizer still works on its own (its parameters are its own).
+        kept_optimizer.step()  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from .entry import DataEntry
 from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
-from .listeners import BackwardListener, ScaleListener, ScalerStepListener
+from .listeners import BackwardListener, ScaleListener, ScalerStepListener, WeakHook
 from .model_map import ModelMap, post_order, trainable_params
 from .patches import patch_for
 from .probe import Probe
@@ -94,6 +94,10 @@ class Collector:
         self.batch = BatchedMax(self.ledger, self._dtypes)
         self.immediate = immediate
         self.disabled = False
+        #: Lives exactly as long as this collector, which the model's hooks keep alive: the
+        #: sentinel's model-side state (``_model_side.py``), so a kept sentinel never keeps
+        #: a dropped model.
+        self.anchor: Any = None
         #: Set once a hook was traced by torch.compile: its host checks never run.
         self.traced = False
         #: Optimizers (by id) that already stepped in the row in progress.
@@ -192,8 +196,9 @@ class Collector:
         for i, (_, module) in enumerate(self.map.modules):
             self.hooks.add(module.register_forward_hook(ModuleHook(self._on_output, i)))
         for opt in self.optimizers:
-            self.hooks.add(opt.register_step_pre_hook(self._on_pre_step))
-            self.hooks.add(opt.register_step_post_hook(self._on_post_step))
+            # Weakly: an optimizer the user keeps must not keep the collector (and the model).
+            self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
+            self.hooks.add(opt.register_step_post_hook(WeakHook(self._on_post_step)))
         self.hooks.subscribe(patch_for(torch.autograd, "backward"), BackwardListener(self))
         scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler_cls is not None:

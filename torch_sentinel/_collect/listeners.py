@@ -7,14 +7,14 @@ process-wide, and a listener must never keep a detached sentinel alive.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .patches import RAISED
 
 if TYPE_CHECKING:
     from .collector import Collector
 
-__all__ = ["BackwardListener", "ScaleListener", "ScalerStepListener"]
+__all__ = ["BackwardListener", "ScaleListener", "ScalerStepListener", "WeakHook"]
 
 
 class BackwardListener:
@@ -64,3 +64,21 @@ class ScalerStepListener:
         c = self._collector()
         if c is not None and len(args) >= 2:
             c.after_scaler_step(args[0], args[1], raised=result is RAISED)
+
+
+class WeakHook:
+    """A hook that calls a collector's bound method through a weak reference.
+
+    For hooks on objects the user may keep after the model is gone (the optimizer): through
+    a strong reference, a kept optimizer would keep the collector, and with it the model.
+    Once the collector is gone the hook does nothing (it is removed at close anyway).
+    """
+
+    __slots__ = ("_method",)
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self._method = weakref.WeakMethod(method)
+
+    def __call__(self, *args: Any) -> Any:
+        method = self._method()
+        return method(*args) if method is not None else None

@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from .._api import Sentinel, attach
+from .._api import Sentinel
+from .._attach import attach
 from ..sinks.framework import FrameworkSink
 from ._common import detach_quietly, forward_findings, torch_optimizers
 

@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional
 from transformers import TrainerCallback
 from transformers.utils import logging as hf_logging
 
-from .._api import Sentinel, attach
+from .._api import Sentinel
+from .._attach import attach
 from ..sinks.framework import FrameworkSink
 from ._common import detach_quietly, forward_findings, torch_optimizers
 

@@ -220,7 +220,7 @@ def replay(
     targets are not model inputs, so they are not in the bundle. Prints the evidence table
     unless ``verbose=False``.
     """
-    from .._api import attach  # import here: _api imports this package at attach time
+    from .._attach import attach  # import here: _api imports this package at attach time
 
     bundle = load_bundle(bundle_path)
     if not isinstance(model, nn.Module):
