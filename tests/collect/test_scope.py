@@ -24,8 +24,22 @@ def _gan(seed: int = 0) -> tuple[nn.Module, nn.Module]:
 
 
 def _gan_loop(G: nn.Module, D: nn.Module, optG: torch.optim.Optimizer, optD: torch.optim.Optimizer,
-              steps: int, *, fault: str = "", fault_step: int = 5) -> tuple[list[float], list[float]]:
-    """The DCGAN recipe: D on real and detached fake (two backward calls, one step), then G."""
+              steps: int, *, fault: str = "", fault_step: int = 5, zero: str = "module"
+              ) -> tuple[list[float], list[float]]:
+    """The DCGAN recipe: D on real and detached fake (two backward calls, one step), then G.
+
+    ``zero``: how gradients are cleared: ``module`` (``D.zero_grad()``, to None), ``module-in-place``
+    (``D.zero_grad(set_to_none=False)``) or ``optimizer-in-place`` (``optD.zero_grad(set_to_none=False)``).
+    """
+
+    def clear(net: nn.Module, opt: torch.optim.Optimizer) -> None:
+        if zero == "module":
+            net.zero_grad()
+        elif zero == "module-in-place":
+            net.zero_grad(set_to_none=False)
+        else:
+            opt.zero_grad(set_to_none=False)
+
     bce = nn.BCEWithLogitsLoss()
     g = torch.Generator().manual_seed(1)
     loss_d, loss_g = [], []
@@ -35,7 +49,7 @@ def _gan_loop(G: nn.Module, D: nn.Module, optG: torch.optim.Optimizer, optD: tor
         if step == fault_step and fault:
             with torch.no_grad():
                 (G if fault == "G" else D)[0].weight[0, 0] = math.nan
-        D.zero_grad()
+        clear(D, optD)
         err_real = bce(D(real), torch.ones(32, 1))
         err_real.backward()
         fake = G(z)
@@ -43,7 +57,7 @@ def _gan_loop(G: nn.Module, D: nn.Module, optG: torch.optim.Optimizer, optD: tor
         err_fake.backward()
         optD.step()
         loss_d.append((err_real.detach() + err_fake.detach()).item())
-        G.zero_grad()
+        clear(G, optG)
         err_g = bce(D(fake), torch.ones(32, 1))
         err_g.backward()
         optG.step()
@@ -61,14 +75,18 @@ def _losses(sentinel: torch_sentinel.Sentinel) -> list[float]:
     return [r.loss for r in sentinel.recent_records()]
 
 
-@pytest.mark.parametrize("check", ["immediate", "deferred"], ids=["immediate", "deferred"])
-def test_gan_with_two_sentinels_is_quiet_and_each_loss_is_its_own_network_loss(check: str) -> None:
+@pytest.mark.parametrize(("check", "zero"), [("immediate", "module"), ("deferred", "module"),
+                                             ("immediate", "module-in-place"), ("deferred", "optimizer-in-place")],
+                         ids=["immediate", "deferred", "zero-in-place-immediate", "optimizer-zero-in-place-deferred"])
+def test_gan_with_two_sentinels_is_quiet_and_each_loss_is_its_own_network_loss(check: str, zero: str) -> None:
+    """Also with gradients zeroed in place (``set_to_none=False``): zeroing counts as clearing,
+    so the generator's loss, which also reaches D, is not counted in D's row."""
     G, D = _gan()
     optG, optD = _optimizers(G, D)
     sg = torch_sentinel.attach(G, optG, check=check)
     sd = torch_sentinel.attach(D, optD, check=check)
     try:
-        loss_d, loss_g = _gan_loop(G, D, optG, optD, 120)
+        loss_d, loss_g = _gan_loop(G, D, optG, optD, 120, zero=zero)
         assert _losses(sg) == loss_g[-len(_losses(sg)):]
         assert _losses(sd) == loss_d[-len(_losses(sd)):]
         assert sg.report(all_ranks=False).findings == []

@@ -31,7 +31,13 @@ from .entry import DataEntry
 from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
-from .listeners import BackwardListener, ScaleListener, ScalerStepListener, WeakHook
+from .listeners import (
+    BackwardListener,
+    ScaleListener,
+    ScalerStepListener,
+    WeakHook,
+    ZeroGradListener,
+)
 from .model_map import ModelMap, post_order, trainable_params
 from .patches import patch_for
 from .probe import Probe
@@ -121,6 +127,10 @@ class Collector:
         #: Which backward calls reach this model (see scope.py).
         self.reach = OptimizerReach(self.map, optimizers)
         self.scope = BackwardScope(self._backward_reached, self.reach.observe if len(optimizers) > 1 else None)
+        #: Parameters (by id) whose gradients a ``zero_grad()`` cleared since the last backward
+        #: that reached the model: zeroed in place (``set_to_none=False``) is cleared too.
+        self._zeroed: set[int] = set()
+        self._module_ids = {id(m) for _, m in self.map.modules}
         #: Slot pairs already written in this step (the rest still hold their initial values).
         self._written: set[int] = set()
         # The core probes, in ledger order (the rank agreement's core width ends after misc).
@@ -200,6 +210,9 @@ class Collector:
             self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
             self.hooks.add(opt.register_step_post_hook(WeakHook(self._on_post_step)))
         self.hooks.subscribe(patch_for(torch.autograd, "backward"), BackwardListener(self))
+        zeroing = ZeroGradListener(self)
+        self.hooks.subscribe(patch_for(nn.Module, "zero_grad"), zeroing)
+        self.hooks.subscribe(patch_for(torch.optim.Optimizer, "zero_grad"), zeroing)
         scaler_cls = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler_cls is not None:
             self.hooks.subscribe(patch_for(scaler_cls, "scale"), ScaleListener(self))
@@ -416,12 +429,29 @@ class Collector:
         """
         if self.disabled or self.closures.tail:
             return
-        if self.loss.pending_calls and not any(p.grad is not None for p in self.param_tensors):
+        zeroed, self._zeroed = self._zeroed, set()
+        if self.loss.pending_calls and all(p.grad is None or id(p) in zeroed for p in self.param_tensors):
             self.loss.discard()
             self.norms.cleared()
         self.meta.backward_calls += 1
         self.backward_steps.count()
         self._emit(self._subs["on_backward"], loss)
+
+    def on_zero_grad(self, owner: Any) -> None:
+        """``owner.zero_grad()`` returned (a module or an optimizer; any ``set_to_none``): the
+        gradients of its parameters that this model watches count as cleared at the next
+        backward that reaches the model (host bookkeeping only)."""
+        if self.disabled or not self.loss.pending_calls:
+            return
+        if isinstance(owner, nn.Module):
+            if id(owner) not in self._module_ids:
+                return
+            params: Any = owner.parameters()
+        elif any(owner is o for o in self.optimizers):
+            params = (p for g in owner.param_groups for p in g["params"])
+        else:
+            return
+        self._zeroed.update(id(p) for p in params)
 
     def after_backward(self) -> None:
         """A backward on the model finished.

@@ -1,4 +1,4 @@
-"""The collector's patch listeners: ``loss.backward()`` and the AMP ``GradScaler``.
+"""The collector's patch listeners: ``loss.backward()``, ``zero_grad()`` and the AMP ``GradScaler``.
 
 Each forwards to a public method of the collector and holds it weakly: patches are
 process-wide, and a listener must never keep a detached sentinel alive.
@@ -14,7 +14,7 @@ from .patches import RAISED
 if TYPE_CHECKING:
     from .collector import Collector
 
-__all__ = ["BackwardListener", "ScaleListener", "ScalerStepListener", "WeakHook"]
+__all__ = ["BackwardListener", "ScaleListener", "ScalerStepListener", "WeakHook", "ZeroGradListener"]
 
 
 class BackwardListener:
@@ -32,6 +32,22 @@ class BackwardListener:
         c = self._collector()
         if c is not None:
             c.after_backward()
+
+
+class ZeroGradListener:
+    """Sees ``Module.zero_grad`` and ``Optimizer.zero_grad``, whatever ``set_to_none`` says:
+    gradients zeroed in place are cleared as surely as gradients set to None."""
+
+    def __init__(self, collector: Collector) -> None:
+        self._collector = weakref.ref(collector)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        return None
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        c = self._collector()
+        if c is not None and args:
+            c.on_zero_grad(args[0])
 
 
 class ScaleListener:
