@@ -28,7 +28,8 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _trainer(tmp_path: Path, nan_at: Optional[int] = None, **args: Any) -> Any:
+def _trainer(tmp_path: Path, nan_at: Optional[int] = None, callbacks: Optional[list[Any]] = None,
+             **args: Any) -> Any:
     config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2)
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config)
@@ -51,7 +52,8 @@ def _trainer(tmp_path: Path, nan_at: Optional[int] = None, **args: Any) -> Any:
     }
     # Clipping on, as by default (max_grad_norm=1.0); the healthy test clips at 0.25, below
     # this model's norms (~0.8), so that every step really clips.
-    return transformers.Trainer(model=model, args=transformers.TrainingArguments(**settings), train_dataset=Tokens())
+    return transformers.Trainer(model=model, args=transformers.TrainingArguments(**settings), train_dataset=Tokens(),
+                                callbacks=callbacks)
 
 
 def test_healthy_training_logs_preclip_norms_through_the_trainer(tmp_path: Path) -> None:
@@ -102,3 +104,46 @@ def test_nan_surfaces_at_the_trainers_step_and_detaches_by_itself(tmp_path: Path
     assert callback.sentinel is not None and not callback.sentinel.attached  # no close_after_error()
     # The finding also reached the Trainer's console logger, in its step numbering.
     assert any("non_finite (forward)" in line and "state.global_step 4" in line for line in lines), lines
+
+
+class _FailsAt(transformers.TrainerCallback):
+    """A user's callback that raises at the start of one step (not the sentinel's error)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            raise RuntimeError("user callback failed")
+
+
+@pytest.mark.parametrize("error", ["nan", "user-error"], ids=["nonfinite-error", "another-error"])
+def test_a_callback_passed_to_the_trainer_detaches_and_completes_its_files_on_an_error(
+        tmp_path: Path, error: str) -> None:
+    """``Trainer(callbacks=[SentinelTrainerCallback()])``, not install(): an error inside
+    ``trainer.train()`` still leaves the hooks removed and the files complete, without
+    ``close_after_error()``."""
+    import json
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    backward = torch.autograd.backward
+    callback = SentinelTrainerCallback(log_dir=str(tmp_path / "sentinel"), flush_every=50)
+    extra: list[Any] = [] if error == "nan" else [_FailsAt(3)]
+    trainer = _trainer(tmp_path, nan_at=3 if error == "nan" else None, callbacks=[callback, *extra])
+    expected = torch_sentinel.NonFiniteError if error == "nan" else RuntimeError
+    with pytest.raises(expected):
+        trainer.train()
+    sentinel = callback.sentinel
+    assert sentinel is not None and not sentinel.attached
+    assert torch.autograd.backward is backward  # the patches went with the detach
+    manifest = json.loads((tmp_path / "sentinel" / "manifest.json").read_text())
+    assert "result" in manifest  # completed at detach
+    acc = EventAccumulator(str(tmp_path / "sentinel"), size_guidance={"scalars": 0})
+    acc.Reload()
+    steps = [e.step for e in acc.Scalars("loss/train")]
+    # Every step that completed reached the files, although flush_every was never reached.
+    assert steps[:3] == [1, 2, 3] if error == "nan" else steps == [1, 2, 3]
+    if error == "nan":
+        findings = (tmp_path / "sentinel" / "findings.jsonl").read_text()
+        assert "non_finite" in findings

@@ -2,7 +2,9 @@
 
 - **When:** the callback attaches at ``on_train_begin``, once the Trainer has prepared the model
   and built the optimizer (unwrapped from accelerate's wrapper), and detaches at
-  ``on_train_end``, or when ``trainer.train()`` raises (no ``close_after_error()`` needed).
+  ``on_train_end``, or when ``trainer.train()`` raises (no ``close_after_error()`` needed, also
+  for a callback passed as ``Trainer(callbacks=[...])``: ``Trainer.train`` is watched for an
+  exception leaving it, for Trainers that hold this callback only).
 - **Steps:** the sentinel counts as ``state.global_step`` does (the first step is 1), in
   errors, findings and logs.
 - **Logs:** at the Trainer's own log cadence (``logging_steps``), after the sentinel's flush,
@@ -17,8 +19,7 @@
   default, the sentinel does not.
 
 ``Trainer(callbacks=[SentinelTrainerCallback()])`` works too, but a callback added that way
-cannot reach the Trainer: the scalars then stay in the sentinel's TensorBoard files, and after
-an exception call :meth:`SentinelTrainerCallback.close_after_error`.
+cannot reach the Trainer: the scalars then stay in the sentinel's TensorBoard files.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ import os
 import weakref
 from typing import Any, Callable, Optional
 
+import transformers
 from transformers import TrainerCallback
 from transformers.utils import logging as hf_logging
 
 from .._api import Sentinel
 from .._attach import attach
+from .._collect.patches import RAISED, patch_for
 from ..sinks.framework import FrameworkSink
 from ._common import detach_quietly, forward_findings, torch_optimizers
 
@@ -57,6 +60,13 @@ class SentinelTrainerCallback(TrainerCallback):
         self._trainer: Optional[weakref.ref[Any]] = None
         self._sink: Optional[FrameworkSink] = None
         self.sentinel: Optional[Sentinel] = None
+        # A callback passed as Trainer(callbacks=[...]) never sees its Trainer before train()
+        # runs, so it cannot wrap that call as install() does: Trainer.train is watched for an
+        # exception leaving it (a process-wide patch, shared and removed with the last callback).
+        watch = _TrainExit(self)
+        patch = patch_for(transformers.Trainer, "train")
+        patch.add(watch)
+        weakref.finalize(self, patch.remove, watch)
 
     @classmethod
     def install(cls, trainer: Any, log_dir: Optional[str] = None, **options: Any) -> SentinelTrainerCallback:
@@ -148,3 +158,22 @@ class SentinelTrainerCallback(TrainerCallback):
         detach_quietly(self.sentinel)
         if self._sink is not None:
             forward_findings(self._sink, console.warning, "state.global_step")
+
+
+class _TrainExit:
+    """Listens to ``Trainer.train``: an exception leaving it closes the callback's sentinel,
+    when that Trainer holds the callback. Holds the callback weakly."""
+
+    def __init__(self, callback: SentinelTrainerCallback) -> None:
+        self._callback = weakref.ref(callback)
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        return None
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        callback = self._callback()
+        if callback is None or result is not RAISED or not args:
+            return
+        handler = getattr(args[0], "callback_handler", None)
+        if any(cb is callback for cb in getattr(handler, "callbacks", ())):
+            callback.close_after_error()
