@@ -52,6 +52,7 @@ from .probes import (
     UpdateProbe,
 )
 from .records import StepMeta, StepRecord
+from .replaced import Replacements
 from .rows import RowQueue
 from .schedule import ProbeTable
 from .scope import BackwardScope, OptimizerReach, register_params, unregister_params
@@ -147,6 +148,8 @@ class Collector:
         #: What enters the model as data (entry.py), and, without an optimizer, each
         #: backward() as a step (stepping.py).
         self.entry = DataEntry(self, self.table)
+        #: Submodules assigned after attach(): watched again at the next forward (replaced.py).
+        self.replacements = Replacements(self.map, self.hooks, self._on_output, self._rebound)
         self.backward_steps = BackwardSteps(self, self.table, self.updates)
         #: Shared core slots: the stale-gradient norm (NormsProbe) and the AMP scale (AmpProbe).
         self.misc_block = self.ledger.add_block("misc", ["stale_grad_norm", "amp_scale"])
@@ -203,6 +206,9 @@ class Collector:
         self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
         self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
         self.entry.install(root, self.hooks)
+        # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
+        self.hooks.add(nn.modules.module.register_module_module_registration_hook(
+            WeakHook(self.replacements.note)))
         for i, (_, module) in enumerate(self.map.modules):
             self.hooks.add(module.register_forward_hook(ModuleHook(self._on_output, i)))
         for opt in self.optimizers:
@@ -311,6 +317,10 @@ class Collector:
         if not self._training_forward or self._in_transform():
             return None
         compiling = _is_compiling()
+        if self.replacements.pending and not compiling:
+            for slot, new in self.replacements.rebind(self.step):
+                if "." not in self.module_names[slot]:
+                    self.entry.watch(new, self.hooks)
         if not compiling:
             self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
@@ -436,6 +446,11 @@ class Collector:
         self.meta.backward_calls += 1
         self.backward_steps.count()
         self._emit(self._subs["on_backward"], loss)
+
+    def _rebound(self, old: nn.Module, new: nn.Module) -> None:
+        self.table.rebind(old, new)
+        self._module_ids.discard(id(old))
+        self._module_ids.add(id(new))
 
     def on_zero_grad(self, owner: Any) -> None:
         """``owner.zero_grad()`` returned (a module or an optimizer; any ``set_to_none``): the

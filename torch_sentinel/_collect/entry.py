@@ -60,7 +60,11 @@ class DataEntry:
     def install(self, root: nn.Module, hooks: HookSet) -> None:
         """Watch what user code passes to each top-level submodule of ``root``."""
         for child in root.children():
-            hooks.add(child.register_forward_pre_hook(ModuleHook(self.on_entry), with_kwargs=True))
+            self.watch(child, hooks)
+
+    def watch(self, child: nn.Module, hooks: HookSet) -> None:
+        """Watch what user code passes to ``child``, a top-level submodule of the model."""
+        hooks.add(child.register_forward_pre_hook(ModuleHook(self.on_entry), with_kwargs=True))
 
     def root_entered(self) -> None:
         self.depth += 1

@@ -45,6 +45,12 @@ class ProbeTable:
                 if slot is not None:
                     self.out[slot].append(probe.on_output)
 
+    def rebind(self, old: nn.Module, new: nn.Module) -> None:
+        """``new`` took ``old``'s place (and slot) in the model: probes added later find it."""
+        slot = self._slots.pop(id(old), None)
+        if slot is not None:
+            self._slots[id(new)] = slot
+
     def emit(self, subs: list[Callable[..., None]], *args: Any) -> None:
         """Call each subscriber of one event."""
         for fn in subs:
