@@ -24,6 +24,7 @@ from torch import nn
 
 from .._errors import SentinelError
 from .batch import BatchedMax, OnBad
+from .cleared import ClearedGrads
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
 from .dtypes import DtypePolicy
@@ -128,10 +129,8 @@ class Collector:
         #: Which backward calls reach this model (see scope.py).
         self.reach = OptimizerReach(self.map, optimizers)
         self.scope = BackwardScope(self._backward_reached, self.reach.observe if len(optimizers) > 1 else None)
-        #: Parameters (by id) whose gradients a ``zero_grad()`` cleared since the last backward
-        #: that reached the model: zeroed in place (``set_to_none=False``) is cleared too.
-        self._zeroed: set[int] = set()
-        self._module_ids = {id(m) for _, m in self.map.modules}
+        #: What a zero_grad() cleared, also in place (cleared.py).
+        self.cleared = ClearedGrads(self.map, optimizers, self.param_tensors)
         #: Slot pairs already written in this step (the rest still hold their initial values).
         self._written: set[int] = set()
         # The core probes, in ledger order (the rank agreement's core width ends after misc).
@@ -318,9 +317,7 @@ class Collector:
             return None
         compiling = _is_compiling()
         if self.replacements.pending and not compiling:
-            for slot, new in self.replacements.rebind(self.step):
-                if "." not in self.module_names[slot]:
-                    self.entry.watch(new, self.hooks)
+            self.replacements.rebind(self.step)
         if not compiling:
             self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
@@ -439,34 +436,23 @@ class Collector:
         """
         if self.disabled or self.closures.tail:
             return
-        zeroed, self._zeroed = self._zeroed, set()
-        if self.loss.pending_calls and all(p.grad is None or id(p) in zeroed for p in self.param_tensors):
+        if self.loss.pending_calls and self.cleared.everything():
             self.loss.discard()
             self.norms.cleared()
+        self.cleared.reset()
         self.meta.backward_calls += 1
         self.backward_steps.count()
         self._emit(self._subs["on_backward"], loss)
 
-    def _rebound(self, old: nn.Module, new: nn.Module) -> None:
+    def _rebound(self, name: str, old: nn.Module, new: nn.Module) -> None:
         self.table.rebind(old, new)
-        self._module_ids.discard(id(old))
-        self._module_ids.add(id(new))
+        if "." not in name:
+            self.entry.watch(new, self.hooks)  # a top-level submodule: data may enter there
 
     def on_zero_grad(self, owner: Any) -> None:
-        """``owner.zero_grad()`` returned (a module or an optimizer; any ``set_to_none``): the
-        gradients of its parameters that this model watches count as cleared at the next
-        backward that reaches the model (host bookkeeping only)."""
-        if self.disabled or not self.loss.pending_calls:
-            return
-        if isinstance(owner, nn.Module):
-            if id(owner) not in self._module_ids:
-                return
-            params: Any = owner.parameters()
-        elif any(owner is o for o in self.optimizers):
-            params = (p for g in owner.param_groups for p in g["params"])
-        else:
-            return
-        self._zeroed.update(id(p) for p in params)
+        """``owner.zero_grad()`` returned (any ``set_to_none``): see cleared.py."""
+        if not self.disabled and self.loss.pending_calls:
+            self.cleared.note(owner)
 
     def after_backward(self) -> None:
         """A backward on the model finished.

@@ -38,11 +38,11 @@ class Replacements:
         model_map: the attached model's names; its ``modules`` and ``module_names`` are updated.
         hooks: where the new modules' hooks go (removed at detach).
         on_output: the collector's forward hook, called as ``on_output(slot, module, args, output)``.
-        on_rebind: called with ``(old, new)`` for each module moved to a new object.
+        on_rebind: called with ``(name, old, new)`` for each module moved to a new object.
     """
 
     def __init__(self, model_map: ModelMap, hooks: HookSet, on_output: Callable[..., Any],
-                 on_rebind: Callable[[nn.Module, nn.Module], None]) -> None:
+                 on_rebind: Callable[[str, nn.Module, nn.Module], None]) -> None:
         self._map = model_map
         self._hooks = hooks
         self._on_output = on_output
@@ -61,15 +61,11 @@ class Replacements:
             self.pending.append(f"{path}.{name}" if path else name)
         return None  # keep the module the user assigned
 
-    def rebind(self, step: int) -> list[tuple[int, nn.Module]]:
-        """Move the slots of replaced modules to the modules now at their paths.
-
-        Returns ``(slot, new_module)`` for each slot moved (top-level ones need the data-entry
-        hook as well). Called at the model's next forward, host side only.
-        """
+    def rebind(self, step: int) -> None:
+        """Move the slots of replaced modules to the modules now at their paths (at the
+        model's next forward, host side only)."""
         paths, self.pending = sorted(set(self.pending)), []
         root, modules = self._map.root, self._map.modules
-        moved: list[tuple[int, nn.Module]] = []
         for path in paths:
             self._count[path] = self._count.get(path, 0) + 1
             if self._count[path] > _MAX_REBINDS:
@@ -89,10 +85,8 @@ class Replacements:
                 self._map.module_names.pop(id(old), None)
                 self._map.module_names[id(new)] = name
                 self._hooks.add(new.register_forward_hook(ModuleHook(self._on_output, i)))
-                self._on_rebind(old, new)
-                moved.append((i, new))
+                self._on_rebind(name, old, new)
             self._warn(path, step)
-        return moved
 
     def _warn(self, path: str, step: int) -> None:
         if path in self._warned:
