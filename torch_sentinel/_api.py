@@ -107,7 +107,8 @@ class Sentinel(ModelSideHandle):
         side.ranks = RankSync.maybe(
             options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
         )
-        self._liveness = HookLiveness.for_collector(
+        # It keeps the modules (to drop their compiled code): model side.
+        side.liveness = HookLiveness.for_collector(
             c, context.param_owner, self._model_name, options.blind_hooks
         )
         self.manifest: dict[str, Any] = {}
@@ -335,8 +336,10 @@ class Sentinel(ModelSideHandle):
 
     # ------------------------------------------------------------------ internals
     def _on_record(self, record: StepRecord) -> None:
-        if not self._liveness.settled:
-            self._liveness.observe(record, self._collector.step)
+        side = self._side()
+        liveness = side.liveness
+        if liveness is not None and not liveness.settled:
+            liveness.observe(record, side.collector.step)
         self._window.append(record)
         self._recent.append(record)
         fault = locate(record, self.context, self._core_width) if self._watching(record.step) else None

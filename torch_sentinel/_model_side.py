@@ -24,6 +24,7 @@ from ._errors import SentinelError, format_message
 
 if TYPE_CHECKING:
     from ._collect.collector import Collector
+    from ._compile import HookLiveness
     from ._distributed import RankSync
     from .detectors import RunContext
     from .detectors.base import Detector
@@ -54,6 +55,7 @@ class ModelSide:
         self.nonfinite: Optional[NonFiniteDiagnosis] = None
         self.detectors: list[Detector] = []
         self.ranks: Optional[RankSync] = None
+        self.liveness: Optional[HookLiveness] = None
         # Strong, like the collector's own callbacks (on_record, on_fault): when model and
         # sentinel are dropped together, weak references between them are already cleared by
         # the time either is finalized, and this is the one that closes the sentinel.
@@ -135,6 +137,12 @@ class ModelSideHandle:
         diagnosis = self._side().nonfinite
         assert diagnosis is not None
         return diagnosis
+
+    @property
+    def _liveness(self) -> HookLiveness:
+        liveness = self._side().liveness
+        assert liveness is not None
+        return liveness
 
     @property
     def _ranks(self) -> Optional[RankSync]:
