@@ -68,6 +68,10 @@ class Config:
     timing: Optional[bool] = None  # default: on CUDA only
     nan_step: int = 4
     out: str = RESULTS_DIR
+    #: torch.compile's backend for the compiled half.
+    backend: str = "inductor"
+    #: Run the compiled half on CPU too (no timing there): the test suite checks its logic so.
+    compiled_on_cpu: bool = False
 
 
 class Run:
@@ -81,7 +85,7 @@ class Run:
         if variant != "bare":
             check = "deferred" if variant == "sentinel_deferred" else "auto"
             self.sentinel = torch_sentinel.attach(self.model, self.optimizer, check=check, flush_every=1000)
-        self.forward: Callable[..., Any] = torch.compile(self.model) if compiled else self.model
+        self.forward: Callable[..., Any] = torch.compile(self.model, backend=cfg.backend) if compiled else self.model
         self.modules = sum(1 for _ in self.model.modules())
         self.steps = 0
 
@@ -246,7 +250,7 @@ def nan_step(model_name: str, device: torch.device, cfg: Config, compiled: bool)
         expected = {"step": at - 1, "boundary": "updates", "module": module}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     s = torch_sentinel.attach(model, opt, check="deferred")
-    forward = torch.compile(model) if compiled else model
+    forward = torch.compile(model, backend=cfg.backend) if compiled else model
     found: dict[str, Any] = {"error": None}
     try:
         for step in range(at + 4):
@@ -295,6 +299,15 @@ def check_model(model_name: str, device: torch.device, cfg: Config, compiled: bo
     return result
 
 
+def _dynamo_config(**values: Any) -> None:
+    """Set the dynamo options this torch has (``recompile_limit`` was ``cache_size_limit``
+    before torch 2.6; setting an unknown one raises)."""
+    config = torch._dynamo.config
+    for name, value in values.items():
+        if hasattr(config, name):
+            setattr(config, name, value)
+
+
 def run(cfg: Config) -> dict[str, Any]:
     name = cfg.device if cfg.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -304,13 +317,12 @@ def run(cfg: Config) -> dict[str, Any]:
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    modes = ["eager"] + (["compiled"] if cfg.compile and cuda else [])
+    modes = ["eager"] + (["compiled"] if cfg.compile and (cuda or cfg.compiled_on_cpu) else [])
     if "compiled" in modes:
         # Every copy of a model class is compiled here (bare first): without hook guards the
         # instrumented copies would reuse the bare graph and their hooks would never run.
-        torch._dynamo.config.skip_nnmodule_hook_guards = False
-        torch._dynamo.config.recompile_limit = 64
-        torch._dynamo.config.accumulated_recompile_limit = 1024
+        _dynamo_config(skip_nnmodule_hook_guards=False, recompile_limit=64, cache_size_limit=64,
+                       accumulated_recompile_limit=1024, accumulated_cache_size_limit=1024)
     results: dict[str, Any] = {
         "meta": {
             "device": device.type,
@@ -413,6 +425,9 @@ def parse(argv: Optional[Sequence[str]] = None) -> Config:
     p.add_argument("--models", default="gpt2s,cnn", help="comma-separated (default gpt2s,cnn)")
     p.add_argument("--tiny", action="store_true", help="tiny models: the CPU half in seconds")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile half on CUDA")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled half")
+    p.add_argument("--compiled-on-cpu", action="store_true",
+                   help="run the compiled half on CPU too (its logic, no timing)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--round-steps", type=int, default=5)
@@ -425,7 +440,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> Config:
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}; expected some of {', '.join(bench_models.ALL_MODELS)}")
     return Config(device=a.device, models=models, tiny=a.tiny, compile=not a.no_compile, steps=a.steps,
-                  rounds=a.rounds, round_steps=a.round_steps, timing=a.timing, out=a.out)
+                  rounds=a.rounds, round_steps=a.round_steps, timing=a.timing, out=a.out,
+                  backend=a.backend, compiled_on_cpu=a.compiled_on_cpu)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

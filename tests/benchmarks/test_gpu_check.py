@@ -95,3 +95,16 @@ def test_unknown_models_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         gpu_check.parse(["--models", "cnn,nonsense"])
     assert "nonsense" in capsys.readouterr().err
+
+
+def test_compiled_half_runs_on_cpu_and_finds_the_nan_step(tmp_path: Path) -> None:
+    """The compiled half's logic (compiled copies, the NaN written into a weight, the sync audit's
+    shape) run on CPU with the aot_eager backend: on CUDA only the backend and the timing differ."""
+    assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "3", "--models", "cnn",
+                           "--compiled-on-cpu", "--backend", "aot_eager", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "gpu_check-cpu.json").read_text())
+    r = results["checks"]["compiled"]["cnn"]
+    assert "failed" not in r, r.get("failed")
+    assert set(r["sync_audit"]) == set(gpu_check.VARIANTS)
+    assert r["nan_step"]["exact"], r["nan_step"]
+    assert r["nan_step"]["found"]["module"] == gpu_check.NAN_MODULE["cnn"]
