@@ -37,27 +37,36 @@ logger = logging.getLogger("torch_sentinel")
 _TAPS: weakref.WeakValueDictionary[int, MaskTap] = weakref.WeakValueDictionary()
 _IDS = itertools.count(1)
 _OP: Optional[Callable[..., None]] = None
+_TRIED = False
 
 
 def _register() -> Optional[Callable[..., None]]:
-    global _OP
-    if _OP is not None:
+    global _OP, _TRIED
+    if _OP is not None or _TRIED:
         return _OP
+    _TRIED = True
     custom_op = getattr(getattr(torch, "library", None), "custom_op", None)
     if custom_op is None:  # pragma: no cover - torch < 2.4
         return None
 
-    @custom_op("torch_sentinel::fold_mask", mutates_args=("token",))
+    # The schema is spelled out: this module's annotations are strings, which torch 2.4's
+    # schema inference does not read.
     def fold_mask(token: torch.Tensor, bits: torch.Tensor, tap: int, key: int) -> None:
         receiver = _TAPS.get(tap)
         if receiver is not None:
             receiver.receive(key, bits)
 
-    @fold_mask.register_fake
-    def _(token: torch.Tensor, bits: torch.Tensor, tap: int, key: int) -> None:
+    def fake(token: torch.Tensor, bits: torch.Tensor, tap: int, key: int) -> None:
         return None
 
-    _OP = fold_mask
+    try:
+        op = custom_op("torch_sentinel::fold_mask", mutates_args=("token",),
+                       schema="(Tensor(a!) token, Tensor bits, int tap, int key) -> ()")(fold_mask)
+        op.register_fake(fake)
+    except Exception as exc:  # pragma: no cover - an older custom_op API
+        logger.debug("torch_sentinel: torch.library.custom_op unusable here: %s", exc)
+        return None
+    _OP = op
     return _OP
 
 
