@@ -299,13 +299,12 @@ def check_model(model_name: str, device: torch.device, cfg: Config, compiled: bo
     return result
 
 
-def _dynamo_config(**values: Any) -> None:
-    """Set the dynamo options this torch has (``recompile_limit`` was ``cache_size_limit``
-    before torch 2.6; setting an unknown one raises)."""
+def _dynamo_config(**values: Any) -> Any:
+    """The dynamo options this torch has, set for the run and restored after it (a caller in
+    the same process keeps its own); ``recompile_limit`` was ``cache_size_limit`` before torch
+    2.6, and setting an unknown option raises."""
     config = torch._dynamo.config
-    for name, value in values.items():
-        if hasattr(config, name):
-            setattr(config, name, value)
+    return config.patch(**{name: value for name, value in values.items() if hasattr(config, name)})
 
 
 def run(cfg: Config) -> dict[str, Any]:
@@ -318,11 +317,6 @@ def run(cfg: Config) -> dict[str, Any]:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     modes = ["eager"] + (["compiled"] if cfg.compile and (cuda or cfg.compiled_on_cpu) else [])
-    if "compiled" in modes:
-        # Every copy of a model class is compiled here (bare first): without hook guards the
-        # instrumented copies would reuse the bare graph and their hooks would never run.
-        _dynamo_config(skip_nnmodule_hook_guards=False, recompile_limit=64, cache_size_limit=64,
-                       accumulated_recompile_limit=1024, accumulated_cache_size_limit=1024)
     results: dict[str, Any] = {
         "meta": {
             "device": device.type,
@@ -334,17 +328,26 @@ def run(cfg: Config) -> dict[str, Any]:
         "checks": {},
     }
     for mode in modes:
-        for model_name in cfg.models:
-            print(f"[{mode}] {model_name} ...", file=sys.stderr, flush=True)
-            t0 = time.monotonic()
-            try:
-                r = check_model(model_name, device, cfg, compiled=mode == "compiled")
-            except Exception as exc:  # one failing section must not cost the others' figures
-                r = {"failed": _error(exc)}
-            r["seconds"] = round(time.monotonic() - t0, 1)
-            results["checks"].setdefault(mode, {})[model_name] = r
+        # Every copy of a model class is compiled here (bare first): without hook guards the
+        # instrumented copies would reuse the bare graph and their hooks would never run.
+        patch = _dynamo_config(skip_nnmodule_hook_guards=False, recompile_limit=64, cache_size_limit=64,
+                               accumulated_recompile_limit=1024, accumulated_cache_size_limit=1024)
+        with patch if mode == "compiled" else contextlib.nullcontext():
+            _check_mode(results, cfg, device, mode)
     results["targets"] = targets(results)
     return results
+
+
+def _check_mode(results: dict[str, Any], cfg: Config, device: torch.device, mode: str) -> None:
+    for model_name in cfg.models:
+        print(f"[{mode}] {model_name} ...", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        try:
+            r = check_model(model_name, device, cfg, compiled=mode == "compiled")
+        except Exception as exc:  # one failing section must not cost the others' figures
+            r = {"failed": _error(exc)}
+        r["seconds"] = round(time.monotonic() - t0, 1)
+        results["checks"].setdefault(mode, {})[model_name] = r
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:

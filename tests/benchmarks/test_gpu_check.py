@@ -100,8 +100,13 @@ def test_unknown_models_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
 def test_compiled_half_runs_on_cpu_and_finds_the_nan_step(tmp_path: Path) -> None:
     """The compiled half's logic (compiled copies, the NaN written into a weight, the sync audit's
     shape) run on CPU with the aot_eager backend: on CUDA only the backend and the timing differ."""
+    import torch._dynamo
+
+    guards = torch._dynamo.config.skip_nnmodule_hook_guards
     assert gpu_check.main(["--device", "cpu", "--tiny", "--steps", "3", "--models", "cnn",
                            "--compiled-on-cpu", "--backend", "aot_eager", "--out", str(tmp_path)]) == 0
+    # its dynamo options were the run's own: the rest of the process keeps its settings
+    assert torch._dynamo.config.skip_nnmodule_hook_guards == guards
     results = json.loads((tmp_path / "gpu_check-cpu.json").read_text())
     r = results["checks"]["compiled"]["cnn"]
     assert "failed" not in r, r.get("failed")
