@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import torch_sentinel
+from torch_sentinel import Finding
 
 
 def _model() -> nn.Sequential:
@@ -53,6 +54,23 @@ def test_quiet(case: str) -> None:
     assert report.by_kind("eval_mode_training") == []
 
 
+def _validation_pass(model: nn.Module, forget: bool) -> None:
+    """A mid-run validation pass; ``forget`` leaves out the ``model.train()`` after it."""
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(8, 4))
+    if not forget:
+        model.train()
+
+
+def _assert_reported_from(found: list[Finding], onset: int) -> Finding:
+    """One whole-model finding whose evidence began at ``onset``, reported within 20 steps."""
+    (f,) = found
+    assert f.onset_step == onset and f.step is not None and f.step - onset <= 20
+    assert f.module == "" and f.evidence["model_in_eval"] is True
+    return f
+
+
 @pytest.mark.parametrize("forget", [True, False], ids=["train_forgotten", "train_restored"])
 def test_train_forgotten_after_a_mid_run_validation(forget: bool) -> None:
     """Regression (issue 12): the flag was sampled at steps 0-4 and every 50th only, so a
@@ -65,18 +83,12 @@ def test_train_forgotten_after_a_mid_run_validation(forget: bool) -> None:
             model(torch.randn(8, 4)).pow(2).mean().backward()
             opt.step()
             if step == 23:
-                model.eval()
-                with torch.no_grad():
-                    model(torch.randn(8, 4))
-                if not forget:
-                    model.train()
+                _validation_pass(model, forget)
         found = s.report().by_kind("eval_mode_training")
     if not forget:
         assert found == []
         return
-    (f,) = found
-    assert f.onset_step == 24 and f.step is not None and f.step - 24 <= 20
-    assert f.module == "" and f.evidence["model_in_eval"] is True
+    _assert_reported_from(found, onset=24)
 
 
 @pytest.mark.parametrize("forget", [True, False], ids=["train_forgotten", "train_restored"])
@@ -92,16 +104,10 @@ def test_no_optimizer_hand_written_update(forget: bool) -> None:
             for p in model.parameters():
                 p.data.add_(p.grad, alpha=-0.01)
             if step == 9:
-                model.eval()
-                with torch.no_grad():
-                    model(torch.randn(8, 4))
-                if not forget:
-                    model.train()
+                _validation_pass(model, forget)
         found = s.report().by_kind("eval_mode_training")
     if not forget:
         assert found == []
         return
-    (f,) = found
-    assert f.onset_step == 10 and f.step is not None and f.step - 10 <= 20
-    assert f.module == "" and f.evidence["model_in_eval"] is True
+    f = _assert_reported_from(found, onset=10)
     assert "model.train() not called after eval" in f.message
