@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import pathlib
 import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -18,17 +19,24 @@ import torch_sentinel
 ORIGINAL_BACKWARD = torch.autograd.backward
 
 
-def _attach_and_train(log_dir: pathlib.Path, steps: int = 7) -> tuple[weakref.ref, weakref.ref]:
+def _train_attached(log_dir: pathlib.Path, steps: int = 7, **options: Any
+                    ) -> tuple[MLP, torch.optim.Optimizer, torch_sentinel.Sentinel]:
+    """An attached MLP trained ``steps`` steps; returns the model, optimizer and sentinel."""
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sentinel = torch_sentinel.attach(model, opt, log_dir=str(log_dir))
+    sentinel = torch_sentinel.attach(model, opt, log_dir=str(log_dir), **options)
     g = torch.Generator().manual_seed(0)
     for _ in range(steps):
         x, y = make_batch("mlp", generator=g)
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+    return model, opt, sentinel
+
+
+def _attach_and_train(log_dir: pathlib.Path, steps: int = 7) -> tuple[weakref.ref, weakref.ref]:
+    model, _, sentinel = _train_attached(log_dir, steps)
     return weakref.ref(model), weakref.ref(sentinel)
 
 
@@ -59,16 +67,7 @@ def test_patches_stay_while_another_sentinel_lives(tmp_path: pathlib.Path) -> No
 
 def _train_and_keep_sentinel(log_dir: pathlib.Path, check: str, keep_optimizer: bool, steps: int = 7
                              ) -> tuple[torch_sentinel.Sentinel, weakref.ref, weakref.ref, object]:
-    torch.manual_seed(0)
-    model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    sentinel = torch_sentinel.attach(model, opt, log_dir=str(log_dir), check=check)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(steps):
-        x, y = make_batch("mlp", generator=g)
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+    model, opt, sentinel = _train_attached(log_dir, steps, check=check)
     kept = opt if keep_optimizer else None
     return sentinel, weakref.ref(model), weakref.ref(model.head.weight if not keep_optimizer else model.act), kept
 
