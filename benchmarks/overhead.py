@@ -76,7 +76,7 @@ class Config:
     memory_steps: int = 3
     #: Variants whose memory is measured; empty means all of ``variants``.
     memory_variants: Sequence[str] = ()
-    scaling: Sequence[int] = (10, 100, 1000)
+    scaling: Sequence[int] = (10, 100, 500, 1000)
     scaling_rounds: int = 5
     tiny: bool = False
     threads: int = 0
@@ -594,7 +594,7 @@ def to_markdown(results: dict[str, Any]) -> str:
     if results.get("scaling"):
         lines += [
             "",
-            "### Scaling with module count (Linear 64 / Tanh stack, batch 32)",
+            "### Scaling with module count (Linear 64 / Tanh stack, orthogonal init, batch 32)",
             "",
             "| modules | bare ms/step | "
             + " | ".join(f"{v} ratio (µs/module)" for v in SCALING_VARIANTS[1:])
