@@ -54,14 +54,16 @@ from .probes import (
 )
 from .records import StepMeta, StepRecord
 from .replaced import Replacements
+from .rerun import RngState, capture_rng, rerun_forward
 from .rows import RowQueue
 from .schedule import ProbeTable
 from .scope import BackwardScope, OptimizerReach, register_params, unregister_params
 from .stepping import BackwardSteps, StepNumbering
-from .tensors import iter_tensors, reducible, tensor_evidence
+from .tensors import all_finite, iter_tensors, reducible, tensor_evidence
 from .transfer import read_now
 from .unwatched import Unwatched
 from .unwatched import functorch_active as _functorch_active
+from .watching import ModuleWatch
 
 __all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence", "weight_fault"]
 
@@ -148,7 +150,14 @@ class Collector:
         #: backward() as a step (stepping.py).
         self.entry = DataEntry(self, self.table)
         #: Submodules assigned after attach(): watched again at the next forward (replaced.py).
-        self.replacements = Replacements(self.map, self.hooks, self._on_output, self._rebound)
+        #: Which modules carry the forward hook on the step in progress (watching.py).
+        self.watch = ModuleWatch(self.map.modules, self._on_output, self.table)
+        #: Inside rerun_forward(); and what it needs: the root call's (args, kwargs, RNG state),
+        #: held from the root's pre-hook to the end of its forward on steps not fully watched.
+        self.rerunning = False
+        self._root_call: Optional[tuple[tuple[Any, ...], dict[str, Any], RngState]] = None
+        self._installed = False
+        self.replacements = Replacements(self.map, self.watch.rebind, self._rebound)
         self.backward_steps = BackwardSteps(self, self.table, self.updates)
         #: Shared core slots: the stale-gradient norm (NormsProbe) and the AMP scale (AmpProbe).
         self.misc_block = self.ledger.add_block("misc", ["stale_grad_norm", "amp_scale"])
@@ -208,8 +217,8 @@ class Collector:
         # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
         self.hooks.add(nn.modules.module.register_module_module_registration_hook(
             WeakHook(self.replacements.note)))
-        for i, (_, module) in enumerate(self.map.modules):
-            self.hooks.add(module.register_forward_hook(ModuleHook(self._on_output, i)))
+        self._installed = True
+        self._sync_watch()
         for opt in self.optimizers:
             # Weakly: an optimizer the user keeps must not keep the collector (and the model).
             self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
@@ -228,11 +237,60 @@ class Collector:
         self.scope.closed = True
         unregister_params(self)
         self._last_output = None
+        self._root_call = None
         self.batch.drop()
         try:
+            self.watch.close()
             self.hooks.close()
         finally:
             self.table.close()
+
+    # ------------------------------------------------------------------ module watch
+    @property
+    def fully_watched(self) -> bool:
+        return self.watch.everything
+
+    def _sync_watch(self) -> None:
+        """Hook what the step in progress needs (between steps; see watching.py)."""
+        if not self._installed or self.disabled:
+            return
+        watch = self.watch
+        watch.sparse = self.immediate
+        if self.traced:
+            watch.dense_for_good = True
+        watch.sync(self.step, self.meta.outgrad_complete)
+
+    def rerun_forward(self) -> str:
+        """Run this step's forward again with every module watched (cold path, immediate
+        mode): a fault the root's outputs detected is then charged to the module that made it.
+
+        Returns ``"localised"`` (a submodule's output was non-finite: reported through the
+        forward probe, which usually raised already), ``"root"`` (only the model's own output
+        was: its functional code), ``"clean"`` (the rerun's output was finite: not reproduced)
+        or ``"failed"`` (no rerun possible, or the forward raised).
+        """
+        held = self._root_call
+        if held is None or self.rerunning or self.disabled:
+            return "failed"
+        args, kwargs, rng = held
+        self.rerunning = True
+        self.forward.localised = False
+        try:
+            with self.watch.all_hooked():
+                output = rerun_forward(self.map.root, args, kwargs, rng, self.device)
+                self.flush_pending()
+        except SentinelError:
+            raise
+        except Exception as exc:  # the user's forward failed the second time: say so, go on
+            self.batch.drop()
+            self._unwatched.rerun_failed(exc)
+            return "failed"
+        finally:
+            self.rerunning = False
+        if self.forward.localised:
+            return "localised"
+        bad = any(reducible(t) and not all_finite(t) for t in iter_tensors(output))
+        return "root" if bad else "clean"
 
     def drain_landed(self) -> None:
         """Hand on the rows that already reached the host (never blocks)."""
@@ -321,6 +379,8 @@ class Collector:
         if not compiling:
             self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
+            # What a rerun needs if the outputs go bad (references for this forward only).
+            self._root_call = None if self.watch.everything else (args, kwargs, capture_rng(self.device))
         self.meta.forward_calls += 1
         self._in_root = not compiling
         self._emit(self._subs["on_root_inputs"], args, kwargs)
@@ -331,12 +391,18 @@ class Collector:
         self.entry.root_exited()
 
     def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
+        if self.rerunning:
+            self._rerun_output(slot, module, args, output)
+            return None
         # A no_grad region inside a training forward is still the training forward: the
         # reentrant torch.utils.checkpoint runs its block so (the backward recomputes it with
         # grad), and a NaN made there must be charged to the module inside the block.
         if self.disabled or not (torch.is_grad_enabled() or self._training_forward):
             return None
         compiling = _is_compiling()
+        if slot and not self._in_root and not compiling:
+            # A submodule called from the loop: the root's outputs do not carry its check.
+            self.watch.dense_for_good = True
         if not compiling and _functorch_active():  # one query each: this runs for every module
             self._unwatched.transform()
             return None
@@ -364,13 +430,21 @@ class Collector:
             self._forward_seq[slot] = len(self._forward_seq)
             if slot == 0:  # the root completes last: the first forward's order is known
                 self.outgrad.plan(sorted(self._forward_seq, key=self._forward_seq.__getitem__))
+                self.watch.keep_always([s for s, w in enumerate(self.outgrad.watch) if w])
         if slot == 0:
             self._last_output = None
             self._training_forward = False
             self._in_root = False
             if not compiling:
                 self.flush_pending()  # the end of the model's forward: a boundary
+                self._root_call = None
         return None
+
+    def _rerun_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
+        """During a rerun only the forward check runs (the step's other evidence is in)."""
+        for t in (output,) if type(output) is torch.Tensor else iter_tensors(output):
+            if reducible(t):
+                self.forward.on_output(slot, module, args, t, False)
 
     def _watch_gradient(self, t: torch.Tensor, slot: int) -> None:
         """Deliver the gradient that will arrive at ``t`` in backward.
@@ -474,6 +548,7 @@ class Collector:
         step was recorded."""
         self.step = step
         self.meta = StepMeta(step=step, outgrad_complete=self.outgrad.watch_all_due(step))
+        self._sync_watch()
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         self.loss.observe_loss(loss)
@@ -532,9 +607,13 @@ class Collector:
         self.step = self.numbering.following(self.step)
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
+        self._root_call = None
         self._in_root = False
         self._written = set()
         self.stepped_optimizers = set()
+        if meta.forward_calls == 0 and meta.backward_calls:
+            self.watch.dense_for_good = True  # a step without the root's forward (see watching.py)
+        self._sync_watch()
         self.rows.drain()
         self._emit(self._subs["on_row_closed"], closed)
 
@@ -562,6 +641,7 @@ class Collector:
         record = self.rows.take(meta)
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
+        self._root_call = None
         self._written = set()
         self._forward_since_backward = False
         self.backward_steps.counted = False

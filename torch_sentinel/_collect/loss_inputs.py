@@ -107,6 +107,10 @@ class LossInputs(Probe):
         # (F.softmax, torch.sigmoid) as the last op of its forward, is named by that call site
         return [m for _, m in host.map.modules if isinstance(m, _PROB_MODULES) or m is host.map.root]
 
+    def due(self, step: int) -> bool:
+        """The producers are needed on the steps whose loss inputs are probed."""
+        return step < self.probe_first or step % self.probe_every == 0
+
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         if compiling or t in self._prob_outputs:
             return  # an inner probability module produced this same tensor: it is the producer
@@ -131,7 +135,7 @@ class LossInputs(Probe):
         if function in LOGIT_LOSSES and x.is_floating_point() and x.numel():
             if function != "binary_cross_entropy_with_logits" and x.ndim >= 2:
                 self.classes = int(x.shape[1])
-            if c.step < self.probe_first or c.step % self.probe_every == 0:
+            if self.due(c.step):
                 self._probe(c, function, x)
 
     def _check_broadcast(self, step: int, function: str, xs: tuple[int, ...], ys: tuple[int, ...]) -> None:

@@ -99,6 +99,13 @@ class ProbeHost(Protocol):
     stepped_optimizers: set[int]
     #: Called with a :class:`~torch_sentinel._collect.faults.Fault` found in immediate mode.
     on_fault: Callable[[Fault], None]
+    #: Inside :meth:`rerun_forward`.
+    rerunning: bool
+
+    @property
+    def fully_watched(self) -> bool:
+        """Whether every module is hooked on the step in progress (``watching.py``)."""
+        ...
 
     @property
     def sharded(self) -> bool:
@@ -124,6 +131,13 @@ class ProbeHost(Protocol):
         torch.compile use :meth:`reduce_into`, which traces."""
         ...
 
+    def rerun_forward(self) -> str:
+        """Run the step's forward again with every module watched, to localise a fault the
+        modules watched on this step only detected (immediate mode, cold path): ``"localised"``
+        (reported through ``on_fault``, which usually raises), ``"root"`` (only the model's own
+        output was non-finite), ``"clean"`` (not reproduced) or ``"failed"``."""
+        ...
+
     def host_value(self, i: int) -> float:
         """Slot ``i`` now (immediate mode only: a memory load on CPU, a device read elsewhere)."""
         ...
@@ -145,6 +159,12 @@ class Probe:
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
         """The modules whose outputs :meth:`on_output` receives (default: none)."""
         return ()
+
+    def due(self, step: int) -> bool:
+        """Whether :meth:`on_output` needs the outputs of step ``step``. In immediate mode the
+        collector hooks a module on a step only if one of its probes is due (``watching.py``);
+        default: every step."""
+        return True
 
     def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The attached model was called in a training forward (grad enabled). Host refs only."""

@@ -120,6 +120,9 @@ class ReluWatch(Probe):
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
         return [m for _, m in host.map.modules if isinstance(m, (nn.Conv1d, nn.ReLU))]
 
+    def due(self, step: int) -> bool:
+        return step % self.every == 0
+
     def close(self) -> None:
         self.host = None
         if self.tap is not None:

@@ -17,11 +17,10 @@ watched module above them). Attaching again after replacing modules watches ever
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from torch import nn
 
-from .hookset import HookSet, ModuleHook
 from .model_map import ModelMap
 
 __all__ = ["Replacements"]
@@ -36,16 +35,14 @@ class Replacements:
 
     Args:
         model_map: the attached model's names; its ``modules`` and ``module_names`` are updated.
-        hooks: where the new modules' hooks go (removed at detach).
-        on_output: the collector's forward hook, called as ``on_output(slot, module, args, output)``.
+        rehook: called with the slot of each moved module: its forward hook moves to the new module.
         on_rebind: called with ``(name, old, new)`` for each module moved to a new object.
     """
 
-    def __init__(self, model_map: ModelMap, hooks: HookSet, on_output: Callable[..., Any],
+    def __init__(self, model_map: ModelMap, rehook: Callable[[int], None],
                  on_rebind: Callable[[str, nn.Module, nn.Module], None]) -> None:
         self._map = model_map
-        self._hooks = hooks
-        self._on_output = on_output
+        self._rehook = rehook
         self._on_rebind = on_rebind
         #: Qualified names assigned since the last rebind (empty on almost every step).
         self.pending: list[str] = []
@@ -84,7 +81,7 @@ class Replacements:
                 modules[i] = (name, new)
                 self._map.module_names.pop(id(old), None)
                 self._map.module_names[id(new)] = name
-                self._hooks.add(new.register_forward_hook(ModuleHook(self._on_output, i)))
+                self._rehook(i)
                 self._on_rebind(name, old, new)
             self._warn(path, step)
 

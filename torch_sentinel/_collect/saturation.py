@@ -49,9 +49,12 @@ class SaturationWatch(Probe):
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
         return self._found
 
+    def due(self, step: int) -> bool:
+        return step < self.first or step % self.every == 0
+
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         c = self.host
-        if not (compiling or c.step < self.first or c.step % self.every == 0):
+        if not (compiling or self.due(c.step)):
             return  # traced, it runs every step inside the compiled graph (fused there)
         with torch.no_grad():
             d = t.detach()

@@ -28,6 +28,10 @@ class ProbeTable:
         self.subs: dict[str, list[Callable[..., None]]] = {e: [] for e in EVENTS if e != "on_output"}
         #: ``on_output`` subscribers per module slot.
         self.out: list[list[Callable[..., None]]] = [[] for _ in modules]
+        #: The probes behind ``out``, per slot (what ``watching.ModuleWatch`` asks ``due``).
+        self.out_probes: list[list[Probe]] = [[] for _ in modules]
+        #: Bumped whenever a subscription changes.
+        self.version = 0
         self.probes: list[Probe] = []
 
     def add(self, probe: Probe, host: ProbeHost) -> None:
@@ -44,6 +48,8 @@ class ProbeTable:
                 slot = self._slots.get(id(m))
                 if slot is not None:
                     self.out[slot].append(probe.on_output)
+                    self.out_probes[slot].append(probe)
+        self.version += 1
 
     def rebind(self, old: nn.Module, new: nn.Module) -> None:
         """``new`` took ``old``'s place (and slot) in the model: probes added later find it."""
@@ -67,6 +73,9 @@ class ProbeTable:
                        getattr(probe, "name", "") or type(probe).__name__, type(exc).__name__, exc)
         for subs in (*self.subs.values(), *self.out):
             subs[:] = [s for s in subs if getattr(s, "__self__", s) is not probe]
+        for probes in self.out_probes:
+            probes[:] = [p for p in probes if p is not probe]
+        self.version += 1
 
     def close(self) -> None:
         for probe in self.probes:

@@ -57,6 +57,15 @@ class Unwatched:
                 "were not checked at this boundary; the next boundaries, losses, gradient norms and weights still are"
             )
 
+    def rerun_failed(self, exc: BaseException) -> None:
+        if "rerun" not in self._said:
+            self._said.add("rerun")
+            self._warn(
+                f"running a faulty step's forward again to localise the fault failed ({type(exc).__name__}: "
+                f"{exc}); such faults are reported at the model's output, with the step and boundary, but not "
+                "the module that made them; pass check='deferred' to watch every module on every step"
+            )
+
     @staticmethod
     def _warn(message: str) -> None:
         warnings.warn("torch_sentinel: " + message, RuntimeWarning, stacklevel=2)

@@ -23,6 +23,7 @@ from torch import nn
 from ..faults import Fault, weight_fault
 from ..probe import Probe, ProbeHost
 from ..tensors import VALUE_PRESERVING, all_finite, iter_tensors, reducible, tensor_evidence
+from .outgrad import OutputGradProbe
 
 __all__ = ["ForwardProbe"]
 
@@ -34,10 +35,17 @@ class ForwardProbe(Probe):
         self.host = host
         self.lo, self.hi = host.ledger.add_minmax_block("act", list(host.module_names))
         self.checked = [not isinstance(m, VALUE_PRESERVING) for _, m in host.map.modules]
+        #: Set when a rerun of the forward localised a fault (``Collector.rerun_forward``).
+        self.localised = False
 
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
         # Value-preserving modules are not even called (one Python call less per module).
         return [m for (_, m), checked in zip(host.map.modules, self.checked) if checked]
+
+    def due(self, step: int) -> bool:
+        """Every module output on full steps; on the others the root's outputs carry the check
+        (a fault there is localised by running the forward again: ``Collector.rerun_forward``)."""
+        return OutputGradProbe.watch_all_due(step)
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         if not self.checked[slot]:
@@ -55,8 +63,24 @@ class ForwardProbe(Probe):
 
     def _fault(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor) -> None:
         host = self.host
-        located_by = (f"first non-finite module output in forward order among the batched checks of "
-                      f"step {host.step}")
+        if host.rerunning:
+            self.localised = True
+            located_by = (f"first non-finite module output in forward order when step {host.step}'s forward "
+                          f"was run again with every module watched (same inputs, RNG state and weights)")
+        elif host.fully_watched:
+            located_by = (f"first non-finite module output in forward order among the batched checks of "
+                          f"step {host.step}")
+        else:
+            rerun = host.rerun_forward()
+            if rerun == "localised":
+                return  # reported from inside the rerun
+            located_by = (f"first non-finite output among the modules watched at step {host.step}; " + {
+                "root": "running the forward again with every module watched found no submodule output "
+                        "non-finite: the model's own forward code made it",
+                "clean": "running the forward again with every module watched did not reproduce it "
+                         "(a non-deterministic forward?)",
+                "failed": "the forward could not be run again to localise it",
+            }[rerun])
         name = host.module_names[slot]
         for pname, p in module.named_parameters(recurse=False):
             if not all_finite(p):

@@ -1,0 +1,133 @@
+"""Which modules carry the collector's forward hook, step by step.
+
+A Python forward hook costs a call per module per step, and it takes the module off
+``nn.Module``'s hook-free fast path: on a model of small layers that alone is several percent
+of the step, whatever the hook does. So in immediate mode (where a fault is found while the
+step is still in hand) ordinary steps hook only
+
+- the root, whose outputs carry the step's forward check (a non-finite value anywhere upstream
+  reaches them, or is localised by running the forward again: ``rerun.py``);
+- the modules whose output gradients are watched every step (``OutputGradProbe.plan``: outputs
+  that feed custom modules, functional code or the loss), where backward faults are localised;
+- the modules a probe needs on this step (``Probe.due``: dead-ReLU masks every step, saturation
+  and loss-input samples on their own cadence).
+
+Full steps (the first ten and every tenth, when the gradient-scale detectors compare all
+layers) hook every module. Deferred mode, where a fault is read back steps later and the
+forward cannot be run again, hooks every module on every step; so does a model under
+torch.compile (the hooks present when dynamo traced are the ones the graph runs; toggling them
+would only blind it or recompile) and a model whose submodules the loop calls directly.
+Hooks are added and removed between steps, host bookkeeping only; a set of hooked slots is
+computed once per pattern of due probes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Callable
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from .hookset import ModuleHook
+from .probe import Probe
+from .schedule import ProbeTable
+
+__all__ = ["ModuleWatch"]
+
+
+class ModuleWatch:
+    """The collector's per-module forward hooks, installed on the steps that need them.
+
+    Args:
+        modules: the model's ``(name, module)`` list, slot by slot (slot 0 is the root, always
+            hooked); a replaced module takes its slot in place (see ``replaced.py``).
+        on_output: the collector's hook, called as ``on_output(slot, module, args, output)``.
+        table: the probe table, whose ``out_probes`` are each slot's ``on_output`` probes.
+    """
+
+    def __init__(self, modules: Sequence[tuple[str, nn.Module]], on_output: Callable[..., None],
+                 table: ProbeTable) -> None:
+        self._modules = modules
+        self._on_output = on_output
+        self._table = table
+        self._probes: list[Probe] = []
+        self._version = -1
+        self._handles: dict[int, RemovableHandle] = {}
+        #: Hook only what the step needs (immediate mode); False: every module, every step.
+        self.sparse = False
+        #: Set for good once the model showed it cannot be watched sparsely (see module doc).
+        self.dense_for_good = False
+        #: Slots hooked on every step besides the root (watched output gradients).
+        self._always: frozenset[int] = frozenset()
+        self._cache: dict[tuple[bool, ...], frozenset[int]] = {}
+
+    @property
+    def everything(self) -> bool:
+        """Whether every module is hooked for the step in progress."""
+        return len(self._handles) == len(self._modules)
+
+    def keep_always(self, slots: Sequence[int]) -> None:
+        self._always = frozenset(slots)
+        self._cache.clear()
+
+    def sync(self, step: int, full: bool) -> None:
+        """Hook exactly the modules step ``step`` needs (call between steps)."""
+        if full or not self.sparse or self.dense_for_good:
+            self._install(range(len(self._modules)))
+            return
+        probes = self._due_probes()
+        key = tuple(p.due(step) for p in probes)
+        wanted = self._cache.get(key)
+        if wanted is None:
+            due = {id(p) for p, d in zip(probes, key) if d}
+            wanted = frozenset(
+                {0, *self._always}
+                | {s for s, subs in enumerate(self._table.out_probes) if any(id(p) in due for p in subs)}
+            )
+            self._cache[key] = wanted
+        for slot in [s for s in self._handles if s not in wanted]:
+            self._handles.pop(slot).remove()
+        self._install(wanted)
+
+    @contextlib.contextmanager
+    def all_hooked(self) -> Iterator[None]:
+        """Every module hooked for the duration (a rerun); the step's set afterwards."""
+        before = set(self._handles)
+        self._install(range(len(self._modules)))
+        try:
+            yield
+        finally:
+            for slot in [s for s in self._handles if s not in before]:
+                self._handles.pop(slot).remove()
+
+    def rebind(self, slot: int) -> None:
+        """The module at ``slot`` was replaced: move its hook to the new module."""
+        handle = self._handles.pop(slot, None)
+        if handle is not None:
+            handle.remove()
+        self._install((slot,))
+
+    def close(self) -> None:
+        while self._handles:
+            self._handles.popitem()[1].remove()
+
+    def _install(self, slots: Sequence[int] | frozenset[int] | range) -> None:
+        handles, modules = self._handles, self._modules
+        for slot in slots:
+            if slot not in handles:
+                module = modules[slot][1]
+                handles[slot] = module.register_forward_hook(ModuleHook(self._on_output, slot))
+
+    def _due_probes(self) -> list[Probe]:
+        """The distinct ``on_output`` probes (recomputed when a subscription changed)."""
+        if self._version != self._table.version:
+            seen: dict[int, Probe] = {}
+            for subs in self._table.out_probes:
+                for p in subs:
+                    seen.setdefault(id(p), p)
+            self._probes = list(seen.values())
+            self._version = self._table.version
+            self._cache.clear()
+        return self._probes
