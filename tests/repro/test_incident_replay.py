@@ -91,7 +91,7 @@ def test_bundle_holds_what_a_replay_needs(tmp_path) -> None:
     assert torch.equal(b["inputs"]["args"][0], seen["batch"])
     assert b["params_before_faulty_step"] is True
     assert all(torch.equal(b["params"][k], v) for k, v in seen["params"].items())
-    assert set(b["rng"]) >= {"python", "numpy", "torch"}
+    assert set(b["rng"]) >= {"torch"}  # python's and numpy's are too costly to read every step
     assert [s["step"] for s in b["scalars"]] == [0, 1, 2]
     assert all(isinstance(s["loss"], float) for s in b["scalars"])
     assert b["error"]["boundary"] == "forward" and b["error"]["module"] == "log"
@@ -145,13 +145,21 @@ def test_no_log_dir_no_bundle(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_rng_round_trip() -> None:
     state = capture_rng()
+    drawn = torch.rand(2)
+    restore_rng(state)
+    assert torch.equal(torch.rand(2), drawn)
+
+
+def test_rng_capture_leaves_python_and_numpy_alone() -> None:
+    """They are not read every step (0.1-0.5 ms); a bundle holds the torch states only."""
     import random
 
     import numpy as np
-    drawn = (random.random(), np.random.rand(), torch.rand(2))
+    state = capture_rng()
+    assert set(state) <= {"torch", "cuda"}
+    drawn = (random.random(), np.random.rand())
     restore_rng(state)
-    again = (random.random(), np.random.rand(), torch.rand(2))
-    assert drawn[:2] == again[:2] and torch.equal(drawn[2], again[2])
+    assert (random.random(), np.random.rand()) != drawn  # not rewound
 
 
 def test_replay_rejects_a_file_that_is_not_a_bundle(tmp_path) -> None:
