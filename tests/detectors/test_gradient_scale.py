@@ -85,3 +85,42 @@ def test_transformer_from_scratch_query_projection_is_not_a_vanishing_gradient()
     query projection (tiny gradient by construction beside the value projection at the same
     graph depth) was "the first layer" and vanishing_gradient fired on a healthy run."""
     assert _bert_from_scratch().by_kind("vanishing_gradient") == []
+
+
+def _tanh_stack(modules: int, gain: float) -> nn.Sequential:
+    """Alternating Linear(64, 64) / Tanh, xavier-normal weights with ``gain``."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(64, 64) if i % 2 == 0 else nn.Tanh() for i in range(modules)])
+    for m in model:
+        if isinstance(m, nn.Linear):
+            nn.init.xavier_normal_(m.weight, gain=gain)
+    return model
+
+
+def _exploding(model: nn.Module, steps: int = 12) -> list[torch_sentinel.Finding]:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x, y = torch.randn(32, 64), torch.randn(32, 64)
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        return s.report().by_kind("exploding_gradient")
+
+
+def test_deep_tanh_stack_with_the_standard_gain_is_not_an_explosion() -> None:
+    """Regression: a healthy 100-module Linear/Tanh stack (PyTorch's tanh gain 5/3) raised
+    exploding_gradient: its backpropagated signal grows 1.10x per layer, which compounds to
+    ~80x over 50 layers, above the 70x ratio meant for shallow models. It trains normally
+    (even at lr 1e-2), so the ratio must also mean a steep growth per layer."""
+    assert _exploding(_tanh_stack(100, 5 / 3)) == []
+
+
+def test_deep_tanh_stack_with_a_steep_growth_per_layer_still_explodes() -> None:
+    """The true positive the per-layer rule keeps: gain 2.5 grows the signal ~1.25x per layer
+    (ratio ~1e5 over 50 layers); with it the first layer's weights grow and the loss climbs
+    back up within 100 steps at lr 1e-4."""
+    found = _exploding(_tanh_stack(100, 2.5))
+    assert [f.module for f in found] == ["0"]
+    ev = found[0].evidence
+    assert ev["layers"] == 50 and ev["per_layer_growth"] > 1.15 and ev["ratio"] > 1.15 ** 49

@@ -16,8 +16,14 @@ Thresholds (AUTOTRAINER's, per step, taken as a median over the window):
   |gradient| flowing into each layer's *output* (the backpropagated signal). A weight gradient
   is that signal times the layer's input, and when a bad initialisation inflates both
   (activations forward, gradients backward) the weight-gradient ratio stays near 1 and hides
-  the explosion; the output-gradient ratio does not. Or: the total gradient norm above
-  ``exploding_gradient.growth`` = 1e3 times its median over the run's first steps.
+  the explosion; the output-gradient ratio does not. The ratio must also mean a steep growth
+  per layer: at least ``exploding_gradient.per_layer`` = 1.15x on average (geometric mean)
+  across the weighted layers it crosses. Up to 31 layers the 70x ratio already implies more
+  than that, so those models are judged as before; in a deep stack a mild per-layer growth
+  compounds: a 100-module Linear/Tanh stack with PyTorch's tanh gain (5/3) grows 1.10x per
+  layer, 80x over 50 layers (1.2e4x over 100), and trains normally even at lr 1e-2, while a
+  bad init (std 1 on 16-wide ReLU layers) grows 2.4x per layer. Or: the total gradient norm
+  above ``exploding_gradient.growth`` = 1e3 times its median over the run's first steps.
 Both need ``*.min_steps`` = 5 steps and at least 3 layers (a ratio over 2 layers says little).
 """
 
@@ -88,6 +94,8 @@ class _GradientScale(Detector):
         window = max(self.min_steps, 20)
         self._ratios: collections.deque[tuple[int, float, float, float, str, str]] = collections.deque(maxlen=window)
         self._signal: collections.deque[tuple[int, float, float, float, str, str]] = collections.deque(maxlen=window)
+        #: How many layer-to-layer hops the latest output-gradient signal crossed.
+        self._signal_hops = 0
         self._first_totals: list[tuple[int, float]] = []
         self._totals: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.min_steps)
         self._total_count = 0
@@ -141,6 +149,7 @@ class _GradientScale(Detector):
         if len(amps) < 3 or not all(math.isfinite(a) for _, a in amps) or amps[-1][1] <= 0:
             return None
         (fl, f), (ll, last) = amps[0], amps[-1]
+        self._signal_hops = len(amps) - 1
         return (rec.step, f / last, f, last, fl, ll)
 
     def _median(self, series: Optional[collections.deque[tuple[int, float, float, float, str, str]]] = None,
@@ -204,23 +213,30 @@ class VanishingGradientDetector(_GradientScale, Probe):
 class ExplodingGradientDetector(_GradientScale):
     kind = "exploding_gradient"
     #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5, "ratio": 70.0, "growth": 1e3}
+    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5, "ratio": 70.0, "per_layer": 1.15,
+                                              "growth": 1e3}
 
     def verdict(self) -> list[Finding]:
         lim_ratio = threshold(self, "ratio")
+        lim_per_layer = threshold(self, "per_layer")
         growth = threshold(self, "growth")
         m = self._median(self._signal)
-        if m is not None and m[0] > lim_ratio:
+        hops = max(self._signal_hops, 1)
+        # ratio ** (1 / hops), not per_layer ** hops: that overflows a float past ~5,000 layers.
+        if m is not None and m[0] > lim_ratio and m[0] ** (1.0 / hops) > lim_per_layer:
             ratio, first, last, fl, ll, steps = m
+            per_layer = ratio ** (1.0 / hops)
             self._reported = True
             return [self.finding(
                 f"the largest gradient flowing into a layer's output grows {ratio:.3g}x from the "
                 f"last layer ({ll}) back to the first "
-                f"({fl}): norm {first:.3g} vs {last:.3g}, median over {len(steps)} steps",
+                f"({fl}), {per_layer:.3g}x per layer over {hops + 1} layers: norm {first:.3g} "
+                f"vs {last:.3g}, median over {len(steps)} steps",
                 module=fl, step=steps[-1], severity="warning",
                 evidence={"first_layer": fl, "last_layer": ll, "first_norm": first,
-                          "last_norm": last, "ratio": ratio, "steps": steps[:16],
-                          "ratio_threshold": lim_ratio},
+                          "last_norm": last, "ratio": ratio, "per_layer_growth": per_layer,
+                          "layers": hops + 1, "steps": steps[:16],
+                          "ratio_threshold": lim_ratio, "per_layer_threshold": lim_per_layer},
                 next_check="lower_learning_rate_or_clip_gradients",
             )]
         if self._total_count >= 2 * self.min_steps:
