@@ -260,3 +260,38 @@ def test_unwatched_functional_relu_is_said_at_the_first_step(functional: bool) -
     assert (info.severity, info.step, info.evidence["not_watched"]) == ("info", 0, "dead_relu")
     assert info.evidence["functional_relu_calls"] == [f"{__file__}:{line}"]
     assert "ReLUs called as functions inside compiled code" in info.message
+
+
+class LossInside(nn.Module):
+    """Computes its own loss, as HF models with ``labels=`` and nanoGPT's ``forward(idx, targets)`` do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Net()
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.net(x), y)
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["loss-in-compiled-forward", "loss-in-the-loop"])
+def test_a_loss_computed_inside_compiled_code_is_said_unwatched_at_the_first_step(inside: bool) -> None:
+    torch.manual_seed(0)
+    model = LossInside()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    compiled = torch.compile(model if inside else model.net, backend=BACKEND)
+    g = torch.Generator().manual_seed(0)
+    with torch_sentinel.attach(model, opt, check="deferred", flush_every=2) as sentinel:
+        for _ in range(3):
+            x, y = torch.randn(16, 8, generator=g), torch.randint(0, 2, (16,), generator=g)
+            opt.zero_grad()
+            loss = compiled(x, y) if inside else nn.functional.cross_entropy(compiled(x), y)
+            loss.backward()
+            opt.step()
+    infos = [f for f in sentinel.report().findings if f.evidence.get("reason") == "torch.compile"
+             and "loss_broadcast" in f.evidence.get("not_watched", ())]
+    if not inside:
+        assert infos == []  # the loss call is seen: nothing to say
+        return
+    (info,) = infos
+    assert (info.kind, info.severity, info.step) == ("probabilities_as_logits", "info", 0)
+    assert "computed inside compiled code" in info.message and "F.cross_entropy" in info.message

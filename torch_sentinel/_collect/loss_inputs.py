@@ -81,6 +81,10 @@ class LossInputs(Probe):
         self.host: Optional[ProbeHost] = None
         self._prob_outputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._slots: tuple[int, int, int] = (0, 0, 0)
+        #: Training calls of the watched loss functions seen outside compiled code.
+        self.eager_calls = 0
+        #: A loss reaching backward was the output of a compiled graph.
+        self.compiled_loss = False
 
     @classmethod
     def shared(cls, extras: dict[str, Any]) -> LossInputs:
@@ -119,6 +123,17 @@ class LossInputs(Probe):
         else:
             self._prob_outputs[t] = (self._names.get(id(module), ""), True)
 
+    def on_backward(self, loss: torch.Tensor) -> None:
+        if not self.compiled_loss:
+            # Made by a compiled graph (aot_autograd's node): the loss was computed inside it.
+            self.compiled_loss = type(loss.grad_fn).__name__.startswith("CompiledFunction")
+
+    def blind_under_compile(self) -> bool:
+        """Whether the loss is computed inside compiled code (HF's ``labels=``, nanoGPT's
+        ``forward(idx, targets)`` under torch.compile), where the watched loss functions are
+        traced, not seen, and none was called outside it so far."""
+        return self.compiled_loss and self.eager_calls == 0
+
     def close(self) -> None:
         self.host = None
 
@@ -126,6 +141,7 @@ class LossInputs(Probe):
         c = self.host
         if c is None or _is_compiling() or not torch.is_grad_enabled():
             return
+        self.eager_calls += 1
         x = args[0] if args else kwargs.get("input")
         y = args[1] if len(args) > 1 else kwargs.get("target")
         if not isinstance(x, torch.Tensor) or not x.requires_grad:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar, Optional
 
-from .._collect.loss_inputs import LossInputs
+from .._collect.loss_inputs import BROADCAST_LOSSES, LOGIT_LOSSES, LossInputs
 from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Finding
@@ -44,11 +44,36 @@ class ProbabilitiesAsLogitsDetector(Detector):
         self._op: Optional[str] = None
         self._site: Optional[str] = None
         self._reported = False
+        self._said_blind = False
 
     def probes(self) -> Sequence[Probe]:
         return (LossInputs.shared(self.ctx.extras),)
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        blind = self._blind_under_compile(records)
+        return blind + list(self._observe(records))
+
+    def _blind_under_compile(self, records: Sequence[StepRecord]) -> list[Finding]:
+        """Under torch.compile a loss computed inside the compiled model is traced, not seen:
+        say so once, at the first step, for both loss-side checks."""
+        inputs = LossInputs.shared(self.ctx.extras)
+        if self._said_blind or not records or not inputs.blind_under_compile():
+            return []
+        self._said_blind = True
+        watched = ", ".join(f"F.{name}" for name in LOGIT_LOSSES + BROADCAST_LOSSES)
+        return [self.finding(
+            f"probabilities_as_logits and loss_broadcast do not watch this run's loss: it is computed inside "
+            f"compiled code (the loss reaching backward is a compiled graph's output, and no call of {watched} "
+            "was made outside it), where those calls are traced, not seen. Everything else is watched. To check "
+            "the loss inputs, "
+            "compute the loss outside the compiled module, or run a few steps without torch.compile",
+            step=records[0].step, severity="info",
+            evidence={"not_watched": ["probabilities_as_logits", "loss_broadcast"], "reason": "torch.compile",
+                      "loss_functions_watched": list(LOGIT_LOSSES + BROADCAST_LOSSES)},
+            next_check="run_a_few_steps_eagerly",
+        )]
+
+    def _observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         for rec in records:
             fn = rec.meta.extra.get("loss_probe")
             if fn is None or rec.meta.amp_skipped:
