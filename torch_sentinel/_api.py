@@ -32,7 +32,7 @@ from .detectors import RunContext, default_detectors
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
 from .repro.run_record import RunRecord
-from .shapes.notes import install_shape_notes
+from .shapes.watch import install_shape_notes
 from .sinks import SinkContext, build_sinks
 
 __all__ = ["Sentinel"]

@@ -114,7 +114,7 @@ def check_shapes(model: nn.Module, *example_inputs: Any, **example_kwargs: Any) 
             hooks.add(module.register_forward_pre_hook(functools.partial(recorder.before, name), with_kwargs=True))
             hooks.add(module.register_forward_hook(recorder.after, always_call=True))
         hooks.add(root.register_forward_pre_hook(
-            lambda m, a, k: notes.on_root_inputs(a, k), with_kwargs=True, prepend=True))
+            lambda m, a, k: notes.seed(a, k), with_kwargs=True, prepend=True))
         state = {k: torch.empty_like(v, device="meta") for k, v in root.state_dict(keep_vars=True).items()
                  if isinstance(v, torch.Tensor)}
         args = _to_meta(example_inputs)

@@ -1,19 +1,21 @@
 """Notes on shape errors raised inside an attached model.
 
 PyTorch says ``mat1 and mat2 shapes cannot be multiplied (8x32 and 16x4)``; it does not say
-which layer, what that layer's contract is, or who produced the tensor. A forward hook with
-``always_call=True`` still runs when its module's forward raises, with the exception in
-``sys.exc_info()``: at the innermost module it adds a note (the error keeps its type) naming
-the module path, its contract in words, the shapes that arrived and the module that produced
-them.
+which layer, what that layer's contract is, or who produced the tensor. :class:`ShapeNotes`
+hangs a forward hook with ``always_call=True`` on every module: it still runs when its module's
+forward raises, with the exception in ``sys.exc_info()``, and at the innermost module it adds a
+note (the error keeps its type) naming the module path, its contract in words, the shapes that
+arrived and the module that produced them. On a successful forward the hook remembers which
+module produced each output tensor (``id`` and ``.shape``: metadata, no tensor op).
 
-Hot path: on a successful forward the hook remembers which module produced each output tensor
-(``id`` and ``.shape``: metadata, no tensor op, no device read). Everything else runs only
-when an exception is already propagating.
+An attached model does not carry those hooks on its steps (a Python call per module per step):
+``watch.py`` hooks only the model's entry and, when an error leaves it, runs the forward again
+with these hooks installed (cold path). The dry run (``dry_run.py``) installs them directly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 from typing import Any, Callable, Optional
@@ -23,13 +25,12 @@ from torch import nn
 
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.hookset import HookSet, ModuleHook
-from .._collect.probe import Probe
 from .._collect.tensors import iter_tensors
 from .._errors import SentinelError, ShapeContractError
 from .._findings import Finding
 from .contracts import explain_broadcast
 
-__all__ = ["ShapeNotes", "install_shape_notes", "layer_contract"]
+__all__ = ["Annotation", "ShapeNotes", "layer_contract", "mark_seen", "seen", "worth_a_note"]
 
 
 _SEEN = "__torch_sentinel_shape_seen__"
@@ -148,21 +149,60 @@ def _explain_message(message: str) -> Optional[str]:
     return None
 
 
-class ShapeNotes(Probe):
-    """Installs the always-called forward hooks on every module of ``modules`` (name, module).
+def seen(exc: BaseException) -> bool:
+    """Whether a ShapeNotes hook already handled ``exc`` (noted it, or decided it needs none)."""
+    return bool(getattr(exc, _SEEN, False))
 
-    ``on_finding`` receives the ``shape_mismatch`` Finding; ``step`` tells which step it is.
+
+def mark_seen(exc: BaseException) -> bool:
+    """Mark ``exc`` handled; False for an exception type that takes no attributes (``__slots__``)."""
+    try:
+        setattr(exc, _SEEN, True)
+    except Exception:
+        return False
+    return True
+
+
+def worth_a_note(name: str, module: nn.Module, args: tuple[Any, ...], exc: BaseException) -> bool:
+    """Whether an error raised in ``module``'s forward on ``args`` gets a note or a finding:
+    the test :meth:`ShapeNotes.describe` applies, without building anything."""
+    if isinstance(exc, ShapeContractError):
+        return True
+    if isinstance(exc, SentinelError):
+        return False
+    return layer_contract(name, module, args)[1] is not None or bool(_SHAPE_WORDS.search(str(exc)))
+
+
+@dataclasses.dataclass
+class Annotation:
+    """What a shape error gets: a note (None for a contract error, whose message says it all)
+    and the ``shape_mismatch`` finding's module, message and evidence."""
+
+    note: Optional[str]
+    module: str
+    message: str
+    evidence: dict[str, Any]
+
+
+class ShapeNotes:
+    """The per-module note hooks over ``modules`` (name, module), a list read when the hooks
+    are installed (a module replaced after attach is hooked in its place).
+
+    ``hooks``: install the hooks there at once (the dry run); otherwise :meth:`watch` installs
+    them on demand. ``on_finding`` receives the ``shape_mismatch`` Finding; ``step`` tells
+    which step it is.
     """
 
     def __init__(
         self,
         modules: list[tuple[str, nn.Module]],
-        hooks: HookSet,
+        hooks: Optional[HookSet] = None,
         *,
         on_finding: Optional[Callable[[Finding], None]] = None,
         step: Callable[[], Optional[int]] = lambda: None,
         rank: Optional[int] = None,
     ) -> None:
+        self.modules = modules
         self.names = [n for n, _ in modules]
         self.types = [type(m).__name__ for _, m in modules]
         self.on_finding = on_finding
@@ -172,18 +212,46 @@ class ShapeNotes(Probe):
         #: trusted together with its shape, since ids are reused after a tensor is freed.
         self._produced: dict[int, tuple[int, torch.Size]] = {}
         self._limit = 4 * len(modules) + 64
-        for slot, (_, module) in enumerate(modules):
-            hooks.add(module.register_forward_hook(ModuleHook(self._on_output, slot), always_call=True))
+        #: False when the producers were not traced (the note then says so).
+        self.traced = True
+        #: Where annotations go instead of onto the exception (a rerun's): see :meth:`capture`.
+        self._captured: Optional[list[Annotation]] = None
+        if hooks is not None:
+            self.watch(hooks)
+
+    def watch(self, hooks: HookSet, skip: Optional[nn.Module] = None) -> None:
+        """Install the always-called forward hook on every module but ``skip`` (removed with
+        ``hooks``)."""
+        self.names = [n for n, _ in self.modules]
+        self.types = [type(m).__name__ for _, m in self.modules]
+        for slot, (_, module) in enumerate(self.modules):
+            if module is not skip:
+                hooks.add(module.register_forward_hook(ModuleHook(self._on_output, slot), always_call=True))
+
+    def capture(self, into: Optional[list[Annotation]]) -> None:
+        """Collect annotations in ``into`` rather than applying them (None: apply again)."""
+        self._captured = into
+
+    def seed(self, args: Any, kwargs: Any, *, batch: bool = True,
+             produced: Optional[dict[int, tuple[int, torch.Size]]] = None) -> None:
+        """Forget earlier tensors; remember ``produced`` (id -> (slot, shape)) and, with
+        ``batch``, the call's tensors as the model's input."""
+        self._produced.clear()
+        if produced:
+            self._produced.update(produced)
+        if batch:
+            for t in iter_tensors((args, kwargs)):
+                if not t.is_nested:  # a nested tensor has no single shape
+                    self._produced[id(t)] = (-1, t.shape)
+
+    def forget(self) -> None:
+        """Drop every remembered tensor id (plain ints: no tensor is kept)."""
+        self._produced.clear()
 
     def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """At each root forward: forget earlier calls' tensors, remember the batch's."""
-        if _is_compiling():
-            return
-        produced = self._produced
-        produced.clear()
-        for t in iter_tensors((args, kwargs)):
-            if not t.is_nested:  # a nested tensor has no single shape
-                produced[id(t)] = (-1, t.shape)
+        if not _is_compiling():
+            self.seed(args, kwargs)
 
     def _on_output(self, slot: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if output is None:
@@ -207,6 +275,8 @@ class ShapeNotes(Probe):
         hit = self._produced.get(id(t))
         if hit is not None and hit[1] == t.shape and hit[0] == -1:
             return "the model's input (the batch)"
+        if not self.traced:
+            return "not traced (the forward, run again to trace it, did not raise the same error)"
         if hit is not None and hit[1] == t.shape and hit[0] != slot:
             return f"module {self.names[hit[0]] or '<model>'!r} ({self.types[hit[0]]})"
         parent = self.names[slot].rpartition(".")[0] if self.names[slot] else None
@@ -215,29 +285,37 @@ class ShapeNotes(Probe):
         return f"functional code in the forward of {parent or '<model>'!r}, or the model's input"
 
     def _on_error(self, slot: int, module: nn.Module, args: tuple[Any, ...], exc: BaseException) -> None:
-        if getattr(exc, _SEEN, False):
+        if seen(exc) or not mark_seen(exc):
+            return  # an exception type with __slots__: no note rather than a wrong one
+        annotation = self.describe(slot, module, args, exc)
+        if annotation is None:
             return
-        try:
-            setattr(exc, _SEEN, True)
-        except Exception:  # an exception type with __slots__: no note rather than a wrong one
-            return
+        if self._captured is not None:
+            self._captured.append(annotation)
+        else:
+            self.apply(exc, annotation)
+
+    def describe(self, slot: int, module: nn.Module, args: tuple[Any, ...],
+                 exc: BaseException) -> Optional[Annotation]:
+        """The note and finding for ``exc``, raised in the forward of ``module`` (at ``slot``)
+        on ``args``; None when it is not a shape error or explains itself."""
         name = self.names[slot]
         shown = name or "<model>"
         if isinstance(exc, ShapeContractError):
-            self._record(name, str(exc).splitlines()[0], {"contract": "expect()"})
-            return
+            return Annotation(None, name, str(exc).splitlines()[0], {"contract": "expect()"})
         if isinstance(exc, SentinelError):
-            return  # the sentinel's own errors explain themselves
+            return None  # the sentinel's own errors explain themselves
         contract, violation = layer_contract(name, module, args)
         if violation is None and not _SHAPE_WORDS.search(str(exc)):
-            return  # not a shape error: the note would only add noise
+            return None  # not a shape error: the note would only add noise
         tensors = [(i, t) for i, t in enumerate(iter_tensors(args))][:4]
         arrived = "; ".join(
             f"args[{i}] {_shape(t)} {str(t.dtype).replace('torch.', '')}, produced by {self.producer(t, slot)}"
             for i, t in tensors
         ) or "no tensor inputs"
+        step = self.step()
         lines = [f"torch_sentinel: shape mismatch in module {shown!r} ({self.types[slot]})"
-                 + (f" at step {self.step()}" if self.step() is not None else "")]
+                 + (f" at step {step}" if step is not None else "")]
         if contract:
             lines.append(f"  contract: {contract}")
         if violation:
@@ -251,18 +329,24 @@ class ShapeNotes(Probe):
                 lines.append(f"  reading:  {why}")
         lines.append(f"  arrived:  {arrived}")
         lines.append(f"  next:     {_NEXT}")
-        note = "\n".join(lines)
-        add_note = getattr(exc, "add_note", None)
-        if add_note is not None:
-            add_note(note)
-        else:  # Python < 3.11
-            exc.__notes__ = [*getattr(exc, "__notes__", []), note]
-        self._record(name, violation or f"{type(exc).__name__}: {str(exc).splitlines()[0]}", {
+        return Annotation("\n".join(lines), name, violation or f"{type(exc).__name__}: {str(exc).splitlines()[0]}", {
             "contract": contract,
             "arrived": [list(map(int, t.shape)) for _, t in tensors],
             "produced_by": [self.producer(t, slot) for _, t in tensors],
             "module_type": self.types[slot],
         })
+
+    def apply(self, exc: BaseException, annotation: Annotation, *, extra: Optional[str] = None) -> None:
+        """Add the note to ``exc`` (with ``extra`` as its last line) and record the finding."""
+        mark_seen(exc)
+        if annotation.note is not None:
+            note = annotation.note + (f"\n  {extra}" if extra else "")
+            add_note = getattr(exc, "add_note", None)
+            if add_note is not None:
+                add_note(note)
+            else:  # Python < 3.11
+                exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+        self._record(annotation.module, annotation.message, annotation.evidence)
 
     def _record(self, name: str, message: str, evidence: dict[str, Any]) -> None:
         if self.on_finding is None:
@@ -272,13 +356,4 @@ class ShapeNotes(Probe):
             step=self.step(), severity="error", evidence=evidence,
             next_check="name_the_axes_and_fix_the_layer_contract", rank=self.rank,
         ))
-
-
-def install_shape_notes(collector: Any, on_finding: Callable[[Finding], None], rank: Optional[int]) -> ShapeNotes:
-    """Wire shape notes into a sentinel's collector: hooks in its HookSet (so detach removes
-    them), the model's call delivered as a probe event, findings handed to ``on_finding``."""
-    notes = ShapeNotes(collector.map.modules, collector.hooks, on_finding=on_finding,
-                       step=lambda: collector.step, rank=rank)
-    collector.add_probe(notes)
-    return notes
 
