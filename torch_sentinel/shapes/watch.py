@@ -29,7 +29,8 @@ parameters) is not run again on one rank: the note is made from the traceback.
 
 Under ``torch.compile`` hooks traced into the graph do nothing (as before); the root's hooks
 run eagerly, and the rerun runs eagerly too (dynamo disabled for it): a shape error raised
-while dynamo traced gets the eager rerun's note, saying so.
+while dynamo traced gets the eager rerun's note, saying so; an error of torch.compile's own
+that the eager rerun does not raise gets no shape note.
 """
 
 from __future__ import annotations
@@ -131,6 +132,9 @@ class ShapeWatch(Probe):
         if _is_compiling() or self._explaining:
             return None
         if slot == 0:
+            # An entry still open here was left by a KeyboardInterrupt (always-called hooks
+            # run only for an Exception); the root does not call itself.
+            self._entries.clear()
             if torch.is_grad_enabled():
                 self._root_calls += 1
             if self._child_handles and not self.children_for_good:
@@ -180,6 +184,7 @@ class ShapeWatch(Probe):
             self.children_for_good = True
             self._hook_children()
         self._root_calls = 0
+        self._entries.clear()  # no entry is open between steps
 
     def _hook_children(self) -> None:
         modules = self.notes.modules
@@ -217,14 +222,15 @@ class ShapeWatch(Probe):
             mark_seen(exc)
             return
         produced = dict(self._loop_produced) if slot else None
-        annotation: Optional[Annotation] = None
-        extra: Optional[str] = None
-        reproduced = False
+        outcome, annotation, extra = "not run", None, None
         # A contract's own message needs no producer; a forward with collectives in it must not
         # run again on this rank alone (the others would not join: a hang).
         if not isinstance(exc, ShapeContractError) and _collective_free(entry):
-            reproduced, annotation, extra = self._rerun(slot, entry, args, kwargs, rng, exc, produced)
-        if not reproduced:
+            outcome, annotation, extra = self._rerun(slot, entry, args, kwargs, rng, exc, produced)
+        if outcome == "passed" and _from_dynamo(exc):
+            mark_seen(exc)
+            return  # the model's shapes work eagerly: torch.compile's own error, not a shape bug
+        if outcome not in ("same", "eager"):
             notes.seed(args, kwargs, batch=slot == 0, produced=produced)
             notes.traced = False
             try:
@@ -239,10 +245,11 @@ class ShapeWatch(Probe):
 
     def _rerun(self, slot: int, entry: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                rng: Optional[RngState], exc: BaseException,
-               produced: Optional[dict[int, tuple[int, torch.Size]]]) -> tuple[bool, Optional[Annotation], Optional[str]]:
-        """Run ``entry``'s forward again with the note hooks on every module: (whether the same
-        error recurred or compiled code's error got an eager explanation, the annotation, a
-        line to add to the note)."""
+               produced: Optional[dict[int, tuple[int, torch.Size]]]) -> tuple[str, Optional[Annotation], Optional[str]]:
+        """Run ``entry``'s forward again with the note hooks on every module: (what happened,
+        the annotation, a line to add to the note). What happened: "same" (the same error
+        recurred), "eager" (compiled code's error, explained by the eager rerun), "passed" (no
+        error) or "other" (another error)."""
         notes = self.notes
         captured: list[Annotation] = []
         temp = HookSet()
@@ -258,22 +265,27 @@ class ShapeWatch(Probe):
             except Exception as e:
                 again = e
             if again is None:
-                return False, None, None
+                return "passed", None, None
             if type(again) is type(exc) and str(again) == str(exc):
                 if captured:
-                    return True, captured[0], None
+                    return "same", captured[0], None
                 if seen(again):
-                    return True, None, None  # the innermost module decided: no note
+                    return "same", None, None  # the innermost module decided: no note
                 # Raised by the entry's own forward (functional code in it, or a single layer).
-                return True, notes.describe(slot, entry, args, again), None
-            if captured and type(exc).__module__.startswith("torch._dynamo"):
-                return True, captured[0], _EAGER_NOTE
-            return False, None, None
+                return "same", notes.describe(slot, entry, args, again), None
+            if captured and _from_dynamo(exc):
+                return "eager", captured[0], _EAGER_NOTE
+            return "other", None, None
         finally:
             again = None  # its traceback holds the rerun's frames (activations): drop it now
             temp.close()
             notes.capture(None)
             notes.forget()
+
+
+def _from_dynamo(exc: BaseException) -> bool:
+    """Whether torch.compile raised ``exc`` itself (while tracing or compiling)."""
+    return type(exc).__module__.startswith("torch._dynamo")
 
 
 def _collective_free(module: nn.Module) -> bool:
