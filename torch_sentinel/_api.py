@@ -217,6 +217,12 @@ class Sentinel(ModelSideHandle):
             finally:
                 self._flushing = False
         self._flush_window()
+        # Windows reach the sinks' files in the background (TensorBoard: within a few seconds);
+        # an explicit flush puts everything on disk now.
+        for sink in self._sinks:
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                self._safe(flush)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to resume watching: the step count, the detectors' windows

@@ -69,11 +69,14 @@ def test_uncaught_nonfinite_error_leaves_every_row_up_to_the_bad_step(tmp_path: 
 
 
 def test_kill_9_leaves_files_readable_up_to_the_last_flush(tmp_path: pathlib.Path) -> None:
-    """SIGKILL: no atexit, no finally. What the last flush wrote (steps 0-99 with flush_every=50)
-    reads back intact; nothing half-written breaks the readers."""
+    """SIGKILL: no atexit, no finally. The windows handed to TensorBoard's writer more than
+    ``FLUSH_SECS`` before the kill (steps 0-99 with flush_every=50) read back intact, flushed
+    by the writer's own thread (the training thread never flushed them); nothing half-written
+    breaks the readers."""
     body = """
-        import os, signal
+        import os, signal, time
         import torch_sentinel
+        from torch_sentinel.sinks.tensorboard import TensorBoardSink
         sentinel = torch_sentinel.attach(model, optimizer, log_dir="run", flush_every=50)
         sentinel.note(symptom="started", hypothesis="none", change="none")
         for step, (x, y) in enumerate(loader):
@@ -81,6 +84,7 @@ def test_kill_9_leaves_files_readable_up_to_the_last_flush(tmp_path: pathlib.Pat
             loss = criterion(model(x), y)
             loss.backward()
             optimizer.step()
+        time.sleep(TensorBoardSink.FLUSH_SECS + 1.5)
         os.kill(os.getpid(), signal.SIGKILL)
     """
     run_script(tmp_path, body, steps=120, expect_rc=-9)

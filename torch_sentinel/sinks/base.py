@@ -61,7 +61,8 @@ class Sink(Protocol):
 
     Optional methods a sink may add, called when present:
     ``write_stats(step, {tag: value})`` for detectors' statistics (tags ``detector/<kind>/<name>``)
-    and ``write_note(entry)`` for experiment-log entries from ``Sentinel.note``.
+    and ``write_note(entry)`` for experiment-log entries from ``Sentinel.note``, and ``flush()``
+    to put everything written so far on disk now (from ``Sentinel.flush()``; cold path).
     """
 
     def write(self, records: Sequence[StepRecord], findings: Sequence[Finding]) -> None: ...
