@@ -71,16 +71,50 @@ def _layers(ctx: RunContext) -> list[tuple[str, list[str]]]:
     return [(m, by_owner[m]) for m in order if m in by_owner]
 
 
+class _LayerPlan:
+    """Where each layer's weight-gradient slots and output-gradient slot sit in a record: index
+    arrays built once per parameter layout, so a step's per-layer figures are a few numpy ops
+    instead of a Python loop over every parameter."""
+
+    def __init__(self, keys: list[str], layers: list[tuple[str, list[str]]], module_names: Sequence[str]) -> None:
+        self.keys = keys
+        self.layers = layers
+        self._index = {k: i for i, k in enumerate(keys)}
+        self.param_idx = np.array([self._index[p] for _, params in layers for p in params], dtype=np.int64)
+        self.layer_of = np.array([i for i, (_, params) in enumerate(layers) for _ in params], dtype=np.int64)
+        first = {n: i for i, n in reversed(list(enumerate(module_names)))}
+        self.slots = np.array([first.get(layer, -1) for layer, _ in layers], dtype=np.int64)
+
+    def fits(self, keys: list[str]) -> bool:
+        return self.keys is keys or self.keys == keys
+
+    def norms(self, rec: StepRecord, grads: np.ndarray) -> list[tuple[str, float]]:
+        """Per-layer weight-gradient norms (sqrt of the sum of squares, summed in parameter
+        order), skipping layers whose present gradients are all absent or zero."""
+        vals = grads[self.param_idx]
+        owners = self.layer_of
+        absent = set(rec.meta.grad_missing) | set(rec.meta.frozen)
+        if absent:
+            gone = np.zeros(len(self.keys), dtype=bool)
+            gone[[self._index[n] for n in absent if n in self._index]] = True
+            keep = ~gone[self.param_idx]
+            vals, owners = vals[keep], owners[keep]
+        n = len(self.layers)
+        sq = np.bincount(owners, weights=vals * vals, minlength=n)
+        positive = np.bincount(owners[vals > 0], minlength=n) > 0
+        return [(self.layers[i][0], math.sqrt(sq[i])) for i in np.flatnonzero(positive).tolist()]
+
+    def output_amplitudes(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
+        """(layer indices touched this step, in order; their largest |output gradient|)."""
+        lo = rec.array("outgrad.min")[self.slots].astype(np.float64)
+        hi = rec.array("outgrad.max")[self.slots].astype(np.float64)
+        touched = np.flatnonzero(hi >= lo)
+        return touched, np.maximum(np.abs(lo[touched]), np.abs(hi[touched]))
+
+
 def layer_norms(rec: StepRecord, layers: list[tuple[str, list[str]]]) -> list[tuple[str, float]]:
     """Per-layer weight-gradient norms of one step, skipping layers without gradients."""
-    grads = dict(zip(rec.keys("grad_norm"), preclip_grad_norms(rec).tolist()))
-    missing = set(rec.meta.grad_missing) | set(rec.meta.frozen)
-    out = []
-    for layer, params in layers:
-        present = [grads[p] for p in params if p not in missing]
-        if present and any(v > 0 for v in present):
-            out.append((layer, math.sqrt(sum(v * v for v in present))))
-    return out
+    return _LayerPlan(rec.keys("grad_norm"), layers, []).norms(rec, preclip_grad_norms(rec)) if layers else []
 
 
 class _GradientScale(Detector):
@@ -100,16 +134,29 @@ class _GradientScale(Detector):
         self._totals: collections.deque[tuple[int, float]] = collections.deque(maxlen=self.min_steps)
         self._total_count = 0
         self._reported = False
+        #: Index arrays over the record layout; rebuilt from the run, never checkpointed.
+        self._plan_cache: Optional[_LayerPlan] = None
+
+    def _plan(self, rec: StepRecord) -> _LayerPlan:
+        keys = rec.keys("grad_norm")
+        plan = self._plan_cache
+        if plan is None or not plan.fits(keys):
+            plan = self._plan_cache = _LayerPlan(keys, self._layers or [], self.ctx.module_names)
+        return plan
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+        if self._reported:
+            return []  # one verdict a run: what later steps show changes nothing
         rows = trained_rows(records)
         if rows and self._layers is None:
             self._layers = _layers(self.ctx)
         for rec in rows:
             if rec.meta.amp:
                 continue  # scaled gradients: the scaler owns their magnitude
-            norms = layer_norms(rec, self._layers or [])
-            total = float(np.sqrt((preclip_grad_norms(rec) ** 2).sum()))  # what clipping saw
+            plan = self._plan(rec)
+            grads = preclip_grad_norms(rec)
+            norms = plan.norms(rec, grads) if self._layers else []
+            total = float(np.sqrt((grads**2).sum()))  # what clipping saw
             if math.isfinite(total):
                 self._total_count += 1
                 if len(self._first_totals) < self.min_steps:
@@ -119,11 +166,9 @@ class _GradientScale(Detector):
                 (fl, f), (ll, last) = self._ends(norms)
                 ratio = f / last if last > 0 else math.inf
                 self._ratios.append((rec.step, ratio, f, last, fl, ll))
-            signal = self._output_signal(rec)
+            signal = self._output_signal(rec, plan)
             if signal is not None:
                 self._signal.append(signal)
-        if self._reported:
-            return []
         return self.verdict()
 
     def finish(self) -> Iterable[Finding]:
@@ -136,19 +181,15 @@ class _GradientScale(Detector):
         """The (layer, norm) at the input end and at the loss end."""
         return norms[0], norms[-1]
 
-    def _output_signal(self, rec: StepRecord) -> Optional[tuple[int, float, float, float, str, str]]:
+    def _output_signal(self, rec: StepRecord, plan: _LayerPlan) -> Optional[tuple[int, float, float, float, str, str]]:
         """(step, first/last ratio, first, last, names) of the max |gradient| into layer outputs."""
         if not rec.meta.outgrad_complete or not self._layers or len(self._layers) < 3:
             return None  # compare layers only on steps where every output gradient was reduced
-        lo, hi = rec.array("outgrad.min"), rec.array("outgrad.max")
-        amps = []
-        for layer, _ in self._layers:
-            i = self.ctx.module_names.index(layer)
-            if hi[i] >= lo[i]:  # touched this step
-                amps.append((layer, max(abs(float(lo[i])), abs(float(hi[i])))))
-        if len(amps) < 3 or not all(math.isfinite(a) for _, a in amps) or amps[-1][1] <= 0:
+        touched, amps = plan.output_amplitudes(rec)
+        if len(amps) < 3 or not np.isfinite(amps).all() or amps[-1] <= 0:
             return None
-        (fl, f), (ll, last) = amps[0], amps[-1]
+        f, last = float(amps[0]), float(amps[-1])
+        fl, ll = self._layers[int(touched[0])][0], self._layers[int(touched[-1])][0]
         self._signal_hops = len(amps) - 1
         return (rec.step, f / last, f, last, fl, ll)
 

@@ -19,7 +19,9 @@ parameter: one step could be a branch skipped by chance, five in a row is a wiri
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar, Optional
+
+import numpy as np
 
 from .._collect.records import StepRecord
 from .._findings import Finding
@@ -46,32 +48,80 @@ class NoGradientDetector(Detector):
         self._zero: set[str] = set()
         self._reported = False
         self._cut_steps: list[int] = []
+        #: Derived from the run (never checkpointed): the watched names, and their slots in a
+        #: record layout.
+        self._watched_cache: Optional[list[str]] = None
+        self._index_cache: Optional[tuple[list[str], np.ndarray, dict[str, int]]] = None
+        self._settled_cache: Optional[np.ndarray] = None
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        watched = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
+        watched = self._watched()
+        complete = self._ever.issuperset(watched)  # sets only grow: then nothing to add
         for rec in trained_rows(records):
-            missing = set(rec.meta.grad_missing)
-            frozen = set(rec.meta.frozen)
-            grads = rec.array("grad_norm")
             keys = rec.keys("grad_norm")
-            index = {k: i for i, k in enumerate(keys)}
-            got_any = False
-            for n in watched:
-                if n in frozen:
-                    self._ever.add(n)  # frozen at some point: never a wiring fault
+            if self._index_cache is None or self._index_cache[0] is not keys:
+                index = {k: i for i, k in enumerate(keys)}
+                self._index_cache = (keys, np.array([index[n] for n in watched], dtype=np.int64), index)
+            _, slots, index = self._index_cache
+            # Per parameter: a gradient (present, nonzero), frozen (never a wiring fault), or
+            # none. Frozen and missing parameters are few: the rest is one comparison.
+            got = rec.array("grad_norm")[slots] != 0
+            frozen = [index[n] for n in rec.meta.frozen if n in index]
+            missing = [index[n] for n in rec.meta.grad_missing if n in index]
+            if frozen or missing:
+                gone = np.zeros(len(keys), dtype=bool)
+                gone[frozen + missing] = True
+                got &= ~gone[slots]
+            got_any = bool(got.any())
+            if not complete:
+                self._ever.update(watched[i] for i in np.flatnonzero(got).tolist())
+            if frozen:
+                frozen_names = set(rec.meta.frozen)
+                self._ever.update(n for n in watched if n in frozen_names)
+            else:
+                frozen_names = set()
+            if not complete:
+                complete = self._ever.issuperset(watched)
+            idle = np.flatnonzero(~got)
+            if not (frozen or missing):
+                # Exactly-zero gradients only (a vanishing run has many, every step): the
+                # parameters already recorded with their first step and as zero change nothing.
+                settled = self._settled()
+                idle = idle[~settled[idle]]
+                settled[idle] = True
+            missing_names = set(rec.meta.grad_missing)
+            for i in idle.tolist():
+                n = watched[i]
+                if n in frozen_names:
                     continue
-                if n not in missing and grads[index[n]] != 0:
-                    self._ever.add(n)
-                    got_any = True
-                else:
-                    self._first_step.setdefault(n, rec.step)
-                    if n not in missing:
-                        self._zero.add(n)
+                self._first_step.setdefault(n, rec.step)
+                if n not in missing_names:
+                    self._zero.add(n)
             if got_any:
                 self._steps += 1
             elif watched and len(self._cut_steps) < 16:
                 self._cut_steps.append(rec.step)
         return self._cut_verdict() or self._verdict()
+
+    def _settled(self) -> np.ndarray:
+        """Per watched parameter: already in ``_first_step`` and ``_zero`` (an exactly-zero
+        gradient records nothing new for it). Derived from those sets, which only grow."""
+        if self._settled_cache is None:
+            self._settled_cache = np.array(
+                [n in self._first_step and n in self._zero for n in self._watched()], dtype=bool
+            )
+        return self._settled_cache
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._settled_cache = None  # rebuilt from the restored sets
+
+    def _watched(self) -> list[str]:
+        """The parameters judged: trainable ones the optimizer holds (fixed for the run)."""
+        if self._watched_cache is None:
+            held = self.ctx.optimizer_params
+            self._watched_cache = [n for n in self.ctx.param_names if n in held and not n.startswith("<")]
+        return self._watched_cache
 
     def _cut_verdict(self) -> list[Finding]:
         """The loss's graph starts at a new leaf, not at the model: the graph was cut."""

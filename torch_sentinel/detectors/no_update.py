@@ -99,6 +99,8 @@ class NoUpdateDetector(Detector, Probe):
         self._rows = 0
         #: the step of the row after the last still pair, per parameter (where it was seen)
         self._still_until: dict[str, int] = {}
+        #: derived from the run (never checkpointed): the watched names
+        self._watched_cache: Optional[list[str]] = None
 
     def setup(self, host: ProbeHost) -> None:
         self._host = host
@@ -139,7 +141,11 @@ class NoUpdateDetector(Detector, Probe):
         self._fp = None
 
     def _watched(self) -> list[str]:
-        return [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
+        """Trainable parameters the optimizer holds (fixed for the run: computed once)."""
+        if self._watched_cache is None:
+            held = self.ctx.optimizer_params
+            self._watched_cache = [n for n in self.ctx.param_names if n in held and not n.startswith("<")]
+        return self._watched_cache
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         found: list[Finding] = []
@@ -191,6 +197,8 @@ class NoUpdateDetector(Detector, Probe):
 
     def _all_frozen(self, rec: StepRecord) -> bool:
         """A backward ran, yet every parameter the optimizer holds has requires_grad=False."""
+        if not rec.meta.frozen:
+            return False  # the usual case, without a pass over the parameters
         opt = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params]
         return bool(rec.meta.backward_calls and opt) and set(opt) <= set(rec.meta.frozen)
 
@@ -198,6 +206,8 @@ class NoUpdateDetector(Detector, Probe):
     def _all_cleared(rec: StepRecord, watched: list[str]) -> bool:
         """A backward ran, yet no watched trainable parameter had a gradient at the step."""
         meta = rec.meta
+        if not meta.grad_missing:
+            return False  # some trainable parameter had a gradient (or none is trainable)
         trainable = set(watched) - set(meta.frozen)
         if not (meta.backward_calls and not meta.amp_skipped and trainable):
             return False

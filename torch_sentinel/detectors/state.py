@@ -21,6 +21,13 @@ __all__ = ["host_state", "restore_state"]
 
 #: Attributes that belong to the live run, never to a checkpoint.
 _LIVE = frozenset({"ctx", "host"})
+#: Attributes named ``*_cache`` are derived from the live run (index arrays over the record
+#: layout) and rebuilt on demand: never checkpointed, never restored.
+_CACHE_SUFFIX = "_cache"
+
+
+def _live(name: str) -> bool:
+    return name in _LIVE or name.endswith(_CACHE_SUFFIX)
 
 
 def _portable(value: Any, depth: int = 0) -> bool:
@@ -51,12 +58,12 @@ def _fields(value: Any) -> dict[str, Any] | None:
 
 def host_state(detector: Any) -> dict[str, Any]:
     """A deep copy of the detector's portable attributes."""
-    return {k: copy.deepcopy(v) for k, v in vars(detector).items() if k not in _LIVE and _portable(v)}
+    return {k: copy.deepcopy(v) for k, v in vars(detector).items() if not _live(k) and _portable(v)}
 
 
 def restore_state(detector: Any, state: dict[str, Any]) -> None:
     """Put back what :func:`host_state` saved, for the attributes this detector still has."""
     own = vars(detector)
     for key, value in state.items():
-        if key in own and key not in _LIVE:
+        if key in own and not _live(key):
             setattr(detector, key, copy.deepcopy(value))
