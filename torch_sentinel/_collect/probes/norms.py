@@ -8,6 +8,7 @@ their total norm goes into ``misc.stale_grad_norm``.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from typing import Optional
 
@@ -17,7 +18,7 @@ import torch
 from ..ledger import FLOAT_MAX
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
-from ..tensors import all_finite, foreach_norms, materialized, reduces
+from ..tensors import NATIVE_DTYPES, all_finite, foreach_norms, materialized, reduces
 
 __all__ = ["NormsProbe"]
 
@@ -52,7 +53,7 @@ class NormsProbe(Probe):
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         host = self.host
-        grads = [_dense(p.grad) for p in host.param_tensors]
+        grads = _dense_grads(host.param_tensors)
         if self._weights_due():
             weights: list[Optional[torch.Tensor]] = [
                 p.detach() if materialized(p) else None for p in host.param_tensors
@@ -62,14 +63,21 @@ class NormsProbe(Probe):
         else:
             missing = self.copy_norms(self.grad_block.start, grads, self.sharded)
         host.meta.grad_missing = tuple(host.params[i][0] for i in missing)
-        host.meta.frozen = tuple(n for n, p in host.params if not p.requires_grad)
+        if all(map(_REQUIRES_GRAD, host.param_tensors)):  # the usual case, in one C-level pass
+            host.meta.frozen = ()
+        else:
+            host.meta.frozen = tuple(n for n, p in host.params if not p.requires_grad)
 
     # -- helpers --------------------------------------------------------------------------
     def _check_stale_grads(self) -> None:
         """Gradients already present before a step's first backward were not cleared."""
         host = self.host
+        present = [g for g in map(_GRAD, host.param_tensors) if g is not None]
+        if not present:  # the usual case: zero_grad(set_to_none=True) before the backward
+            host.meta.stale_grads = 0
+            return
         # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
-        stale = [local(g) for g in (_dense(p.grad) for p in host.param_tensors) if g is not None]
+        stale = [local(g) for g in _dense_grads(host.param_tensors) if g is not None]
         host.meta.stale_grads = len(stale)
         stale = [g for g in stale if reduces(g.dtype, g.device)]
         if stale and host.step > 0:
@@ -108,20 +116,30 @@ class NormsProbe(Probe):
         the tensors that are None (their slots are left alone) are returned."""
         host = self.host
         n = len(tensors)
+        # Every step runs this over every parameter: C-level passes (map, list.count-free
+        # comprehensions) where the common case (all present, float32) allows.
         present = [i for i, t in enumerate(tensors) if t is not None]
         if not present:
             return list(range(n))
         if sharded:
             tensors = [None if t is None else local(t) for t in tensors]
-        # A dtype torch has no norm for (float8 weights) keeps its slot's initial value: skipped,
-        # with one warning, not reported as a missing gradient.
-        unsupported = [i for i in present if not reduces(tensors[i].dtype, tensors[i].device)]  # type: ignore[union-attr]
-        if unsupported:
-            self._skip(tensors, unsupported)
-            present = [i for i in present if i not in set(unsupported)]
-            if not present:
-                return [i for i in range(n) if tensors[i] is None]
-        norms = foreach_norms([tensors[i] for i in present])  # type: ignore[misc]
+        chosen: list[torch.Tensor] = (
+            tensors if len(present) == n else [tensors[i] for i in present]  # type: ignore[assignment,misc]
+        )
+        dtypes = set(map(_DTYPE, chosen))
+        if not dtypes <= NATIVE_DTYPES:
+            # A dtype torch has no norm for (float8 weights) keeps its slot's initial value:
+            # skipped, with one warning, not reported as a missing gradient.
+            unsupported = [i for i in present if not reduces(tensors[i].dtype, tensors[i].device)]  # type: ignore[union-attr]
+            if unsupported:
+                self._skip(tensors, unsupported)
+                dropped = set(unsupported)
+                present = [i for i in present if i not in dropped]
+                if not present:
+                    return [i for i in range(n) if tensors[i] is None]
+                chosen = [tensors[i] for i in present]  # type: ignore[misc]
+        # All float32: the one plain _foreach_norm that foreach_norms would run, without its scan.
+        norms = list(torch._foreach_norm(chosen)) if dtypes == _FLOAT32 else foreach_norms(chosen)
         if not self._same_device:
             norms = [t.to(host.device) for t in norms]
         stacked = sharded.globalize(torch.stack(norms).to(host.ledger.dtype), present)
@@ -137,7 +155,7 @@ class NormsProbe(Probe):
             dest.index_copy_(0, index, stacked)
         if host.ledger.host_view is not None:
             self._confirm_norm_overflow(block_start, tensors)
-        return [i for i in range(n) if tensors[i] is None]
+        return [] if len(present) == n else [i for i in range(n) if tensors[i] is None]
 
     def _skip(self, tensors: list[Optional[torch.Tensor]], indices: list[int]) -> None:
         for i in indices:
@@ -174,6 +192,22 @@ class NormsProbe(Probe):
                 name = host.params[i % len(host.params)][0]
                 if name not in host.meta.norm_overflow:  # gradient and weight: once each
                     host.meta.norm_overflow.append(name)
+
+
+_GRAD = operator.attrgetter("grad")
+_DTYPE = operator.attrgetter("dtype")
+_IS_SPARSE = operator.attrgetter("is_sparse")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
+_FLOAT32 = {torch.float32}
+
+
+def _dense_grads(params: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
+    """The ``.grad`` of each parameter, sparse ones as their values (see :func:`_dense`)."""
+    grads: list[Optional[torch.Tensor]] = list(map(_GRAD, params))
+    present = [g for g in grads if g is not None]
+    if any(map(_IS_SPARSE, present)):
+        return [_dense(g) for g in grads]
+    return grads
 
 
 def _dense(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
