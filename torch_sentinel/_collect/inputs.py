@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from .cadence import sampled
 from .graph_taps import MaskTap
 from .probe import Probe, ProbeHost
 from .records import StepMeta
@@ -51,7 +52,7 @@ class InputStats(Probe):
 
     def on_data(self, t: torch.Tensor, main: bool, name: Optional[str], compiling: bool) -> None:
         c = self.host
-        if not main or not (compiling or c.step < self.first or c.step % self.every == 0):
+        if not main or not (compiling or sampled(c.step, self.first, self.every)):
             return
         views = c.ledger.views
         t = t.detach()

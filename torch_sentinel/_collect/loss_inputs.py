@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .cadence import sampled
 from .compat import is_compiling as _is_compiling
 from .patches import patch_for
 from .probe import Probe, ProbeHost
@@ -113,7 +114,7 @@ class LossInputs(Probe):
 
     def due(self, step: int) -> bool:
         """The producers are needed on the steps whose loss inputs are probed."""
-        return step < self.probe_first or step % self.probe_every == 0
+        return sampled(step, self.probe_first, self.probe_every)
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         if compiling or t in self._prob_outputs:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .cadence import sampled
 from .probe import Probe, ProbeHost
 from .records import StepMeta
 
@@ -50,7 +51,7 @@ class SaturationWatch(Probe):
         return self._found
 
     def due(self, step: int) -> bool:
-        return step < self.first or step % self.every == 0
+        return sampled(step, self.first, self.every)
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         c = self.host

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..cadence import sampled
 from ..ledger import FLOAT_MAX
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
@@ -102,14 +103,14 @@ class NormsProbe(Probe):
         Deferred mode needs them every step: the row is the only evidence that an update made
         a weight non-finite. Immediate mode finds that exactly without them: the first forward
         that uses such a weight goes non-finite, and its hook checks that module's weights on
-        the spot (``ForwardProbe._fault``). There they are read on the first ten steps, then on
-        pairs of consecutive steps every ten (what ``no_update`` compares), and with every
-        sampled update: a pass over all weights saved on four steps in five.
+        the spot (``ForwardProbe._fault``). There they are read on sampled steps and the step after
+        each (pairs: what ``no_update`` compares; ``cadence.py``), and with every sampled update:
+        a pass over all weights saved on most steps.
         """
         if not self.host.immediate or self.host.traced:
             return True
         step = self.host.step
-        return step < 10 or step % 10 in (0, 1) or bool(self.update_every and step % self.update_every == 0)
+        return sampled(step) or sampled(step - 1) or bool(self.update_every and step % self.update_every == 0)
 
     def copy_norms(self, block_start: int, tensors: list[Optional[torch.Tensor]], sharded: ShardedNorms) -> list[int]:
         """L2 norms of ``tensors`` into consecutive slots from ``block_start``; the indices of

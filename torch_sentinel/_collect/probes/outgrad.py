@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from ..cadence import sampled
 from ..faults import Fault
 from ..probe import Probe, ProbeHost
 from ..tensors import STANDARD_LAYERS, tensor_evidence
@@ -36,9 +37,9 @@ class OutputGradProbe(Probe):
 
     @staticmethod
     def watch_all_due(step: int) -> bool:
-        """Every output gradient is reduced on the first ten steps and every tenth after: the
+        """Every output gradient is reduced on sampled steps (``cadence.py``): the
         gradient-scale detectors compare the signal across all layers on those steps."""
-        return step < 10 or step % 10 == 0
+        return sampled(step)
 
     def plan(self, order: list[int]) -> None:
         """Decide, once the execution order is known, which outputs' gradients to reduce.
