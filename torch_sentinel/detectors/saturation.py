@@ -61,11 +61,15 @@ class SaturationDetector(Detector):
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         if not self.watch.sites:
             return []
+        fresh = False
         for rec in records:
             if not rec.meta.extra.get("saturation") or not rec.has("saturation"):
                 continue
+            fresh = True
             for site, frac in rec.mapping("saturation").items():
                 self._samples.setdefault(site, collections.deque(maxlen=self.min_samples)).append((rec.step, frac))
+        if not fresh:
+            return []  # no sampled step in this window: nothing changed (a median per site is not free)
         found = []
         output = self._output_module()
         for site, samples in self._samples.items():
