@@ -248,11 +248,6 @@ class ShapeNotes:
         """Drop every remembered tensor id (plain ints: no tensor is kept)."""
         self._produced.clear()
 
-    def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """At each root forward: forget earlier calls' tensors, remember the batch's."""
-        if not _is_compiling():
-            self.seed(args, kwargs)
-
     def _on_output(self, slot: int, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if output is None:
             exc = sys.exc_info()[1]

@@ -46,7 +46,7 @@ from torch.utils.hooks import RemovableHandle
 
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.hookset import HookSet, ModuleHook
-from .._collect.probe import Probe
+from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepMeta
 from .._collect.rerun import RngState, capture_rng, rerun_forward
 from .._collect.tensors import iter_tensors
@@ -114,6 +114,7 @@ class ShapeWatch(Probe):
         self._child_handles: list[RemovableHandle] = []
         #: Inside the cold path: the rerun's calls are not entries.
         self._explaining = False
+        self._host: Optional[ProbeHost] = None
         children = [slot for slot, (name, _) in enumerate(notes.modules) if name and "." not in name]
         self._children = children
         #: Whether the children's entry hooks stay on even when the root is called.
@@ -126,6 +127,9 @@ class ShapeWatch(Probe):
     def hooked_children(self) -> bool:
         """Whether the top-level children carry entry hooks now."""
         return bool(self._child_handles)
+
+    def setup(self, host: ProbeHost) -> None:
+        self._host = host
 
     # ------------------------------------------------------------------ hot path
     def _on_enter(self, slot: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -179,8 +183,10 @@ class ShapeWatch(Probe):
                 produced[id(t)] = (slot, t.shape)
 
     def on_row_close(self, meta: StepMeta) -> None:
-        """A step without a training forward of the root: the loop calls its children."""
-        if not self._root_calls and not self._child_handles and self._children:
+        """A step without a training forward of the root: the loop calls its children (unless
+        the hooks were traced by torch.compile, which counts nothing)."""
+        traced = self._host is not None and self._host.traced
+        if not self._root_calls and not self._child_handles and self._children and not traced:
             self.children_for_good = True
             self._hook_children()
         self._root_calls = 0
