@@ -156,6 +156,8 @@ class NormsProbe(Probe):
             dest.index_copy_(0, index, stacked)
         if host.ledger.host_view is not None:
             self._confirm_norm_overflow(block_start, tensors)
+            if not sharded:  # a local shard's exact norm is not the global one
+                self._confirm_norm_underflow(block_start, tensors)
         return [] if len(present) == n else [i for i in range(n) if tensors[i] is None]
 
     def _skip(self, tensors: list[Optional[torch.Tensor]], indices: list[int]) -> None:
@@ -193,6 +195,31 @@ class NormsProbe(Probe):
                 name = host.params[i % len(host.params)][0]
                 if name not in host.meta.norm_overflow:  # gradient and weight: once each
                     host.meta.norm_overflow.append(name)
+
+    def _confirm_norm_underflow(self, start: int, tensors: list[Optional[torch.Tensor]]) -> None:
+        """An L2 norm of exactly 0 may be float32 underflow of nonzero values: squares of
+        values below ~1e-23 (a gradient vanished through a deep stack) round to 0, and the
+        row would claim the gradient is missing. Where the row is host memory (CPU), finding
+        those slots is a memory load; each is taken again scaled by its largest magnitude
+        (exact for a truly zero tensor too) and written into its slot: a few device ops, no
+        host read. Only for a norm of 0: a missing gradient, a bias before a BatchNorm (its
+        gradient cancels), or this underflow. Accelerators keep the 0.
+        """
+        host = self.host
+        hv = host.ledger.host_view
+        assert hv is not None
+        row = hv[start : start + len(tensors)]
+        for i in np.flatnonzero(row == 0).tolist():
+            t = tensors[i]
+            if t is None or not reduces(t.dtype, t.device):
+                continue  # no tensor, or a skipped dtype: the slot keeps its initial value
+            d = t.detach()
+            if not (d.dtype.is_complex or d.dtype is torch.float64):
+                d = d.float()  # float8/fp16/bf16 values upcast exactly
+            with torch.no_grad():
+                # Never 0 (so 0/0 cannot happen): an all-zero tensor keeps its norm of 0.
+                scale = d.abs().amax().clamp_min(torch.finfo(d.real.dtype).tiny)
+                host.ledger.views[start + i].copy_(scale * torch.linalg.vector_norm(d / scale))
 
 
 _GRAD = operator.attrgetter("grad")
