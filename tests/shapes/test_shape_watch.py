@@ -9,6 +9,7 @@ bit-identical to an unattached twin.
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from typing import Any, Optional
 
@@ -308,3 +309,30 @@ def test_a_shape_error_raised_while_compiling_names_the_layer_found_eagerly(orde
     finally:
         sentinel.detach()
         torch._dynamo.reset()
+
+
+class _NaNLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x).clone()
+        y[0, 0] = float("nan")
+        return y
+
+
+def test_the_shape_rerun_records_nothing_into_the_step() -> None:
+    """Regression: the shape rerun's outputs went into the collector's pending batch; with the
+    failed forward's own pending NaN they filled it and raised a NonFiniteError inside the rerun."""
+    torch.manual_seed(0)
+    # 66 checked outputs before the NaN: the first 64 are reduced mid-forward, the NaN stays pending.
+    layers: list[nn.Module] = [nn.Linear(8, 8) for _ in range(66)] + [_NaNLinear(8, 8), nn.Linear(7, 8)]
+    model = nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch_sentinel.attach(model, opt) as sentinel, \
+                pytest.raises(RuntimeError, match="mat1 and mat2") as info:
+            model(torch.randn(4, 8))
+    assert "'67'" in "\n".join(getattr(info.value, "__notes__", []))
+    # No NonFiniteError raised (and swallowed) inside the rerun: the pending NaN of the failed
+    # forward is the next forward's to report, as for any forward that raised.
+    assert [f.kind for f in sentinel.findings] == ["shape_mismatch"]
+    assert sentinel.nonfinite_raised == 0

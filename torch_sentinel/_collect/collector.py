@@ -15,8 +15,10 @@ Hot-path rules, enforced by the sync-audit tests:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import torch
@@ -155,6 +157,8 @@ class Collector:
         #: Inside rerun_forward(); and what it needs: the root call's (args, kwargs, RNG state),
         #: held from the root's pre-hook to the end of its forward on steps not fully watched.
         self.rerunning = False
+        #: Set by quiet(): another component's rerun of the forward is running.
+        self._quiet = False
         self._root_call: Optional[tuple[tuple[Any, ...], dict[str, Any], RngState]] = None
         self._installed = False
         self.replacements = Replacements(self.map, self.watch.rebind, self._rebound)
@@ -259,6 +263,16 @@ class Collector:
         if self.traced:
             watch.dense_for_good = True
         watch.sync(self.step, self.meta.outgrad_complete)
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        """The module hooks record nothing for the duration: another component (shape notes)
+        runs the forward again, and its outputs are not a training step's."""
+        was, self._quiet = self._quiet, True
+        try:
+            yield
+        finally:
+            self._quiet = was
 
     def rerun_forward(self) -> str:
         """Run this step's forward again with every module watched (cold path, immediate
@@ -391,6 +405,8 @@ class Collector:
         self.entry.root_exited()
 
     def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
+        if self._quiet:
+            return None
         if self.rerunning:
             self._rerun_output(slot, module, args, output)
             return None

@@ -35,6 +35,7 @@ that the eager rerun does not raise gets no shape note.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import types
@@ -100,10 +101,13 @@ class ShapeWatch(Probe):
 
     name = "shape_notes"
 
-    def __init__(self, notes: ShapeNotes, root: nn.Module, device: torch.device, hooks: HookSet) -> None:
+    def __init__(self, notes: ShapeNotes, root: nn.Module, device: torch.device, hooks: HookSet,
+                 quiet: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext) -> None:
         self.notes = notes
         self._device = device
         self._hooks = hooks
+        #: Silences the collector's hooks during the rerun (its outputs are not a training step's).
+        self._quiet = quiet
         #: (module, RNG state at its entry) of each entry call in progress, outermost first.
         self._entries: list[tuple[nn.Module, Optional[RngState]]] = []
         #: Training (grad-enabled) calls of the root since the last row closed.
@@ -267,7 +271,8 @@ class ShapeWatch(Probe):
             # are being iterated right now (torch's except path iterates the dict itself).
             notes.watch(temp, skip=entry)
             try:
-                _eagerly(rerun_forward)(entry, args, kwargs, rng, self._device)
+                with self._quiet():
+                    _eagerly(rerun_forward)(entry, args, kwargs, rng, self._device)
             except Exception as e:
                 again = e
             if again is None:
@@ -316,6 +321,6 @@ def install_shape_notes(collector: Any, on_finding: Callable[[Finding], None], r
     """Wire shape notes into a sentinel's collector: the entry hooks go in its HookSet (so
     detach removes them), findings to ``on_finding(finding)``, the step from ``collector.step``."""
     notes = ShapeNotes(collector.map.modules, on_finding=on_finding, step=lambda: collector.step, rank=rank)
-    watch = ShapeWatch(notes, collector.map.root, collector.device, collector.hooks)
+    watch = ShapeWatch(notes, collector.map.root, collector.device, collector.hooks, collector.quiet)
     collector.add_probe(watch)
     return watch
