@@ -7,6 +7,7 @@ import math
 import warnings
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -135,3 +136,73 @@ def test_no_module_output_is_held_past_its_forward(strategy: bool) -> None:
         del out
         gc.collect()
         assert all(r() is None for r in seen)
+
+
+def test_batched_saturation_fractions_are_those_of_one_by_one_reductions() -> None:
+    """Bit for bit, in every dtype, with NaN and Inf, a slot recorded twice (the later call
+    wins) and a tensor too large to stack (reduced on the spot)."""
+    from torch_sentinel._collect.ledger import Ledger
+
+    tanh_edge, sigmoid_edge = math.tanh(5.0), 0.5 - 1.0 / (1.0 + math.exp(5.0))
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for shift, edge, act in ((0.0, tanh_edge, torch.tanh), (0.5, sigmoid_edge, torch.sigmoid)):
+            ledger = Ledger(torch.device("cpu"))
+            block = ledger.add_block("saturation", [str(i) for i in range(12)])
+            ledger.fit(dtype)
+            pending = batch.BatchedFractions(ledger, cap=5)
+            expected = {}
+            for i, shape in enumerate([(4, 8)] * 6 + [(3, 5, 7)] * 3 + [(2,), (300, 300), (4, 8)]):
+                slot = block.start + (i if i < 11 else 0)  # the last one records slot 0 again
+                x = act(torch.randn(*shape, generator=g) * (i % 4) * 3).to(dtype)
+                if i % 3 == 0:
+                    x.view(-1)[0] = float("nan")
+                if i % 4 == 1:
+                    x.view(-1)[-1] = float("inf")
+                pending.add(x, slot, shift, edge)
+                one_by_one = (((x - shift) if shift else x).abs() > edge).float().mean()
+                expected[slot] = one_by_one.to(ledger.dtype)
+            pending.flush()
+            got = ledger.current[block.start : block.stop]
+            assert torch.equal(got, torch.stack([expected[block.start + i] for i in range(11)] + [got[11]]))
+
+
+def _tanh_outputs_held(model: nn.Sequential, check: str) -> list[weakref.ref[np.ndarray]]:
+    """Which Tanh outputs of one training forward are still alive after it. A weakref to the
+    tensor would die with the tensor object while a detached alias keeps its memory, so each
+    Tanh output is given memory that can be watched: a numpy array's, shared by the tensor and
+    every alias of it."""
+    seen: list[weakref.ref[np.ndarray]] = []
+
+    def watched(m: nn.Module, args: object, out: torch.Tensor) -> torch.Tensor:
+        memory = out.detach().numpy().copy()
+        seen.append(weakref.ref(memory))
+        return torch.from_numpy(memory).requires_grad_()
+
+    for m in model:
+        if isinstance(m, nn.Tanh):
+            m.register_forward_hook(watched)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sentinel = torch_sentinel.attach(model, opt, check=check)
+        try:
+            out = model(torch.randn(4, 8)).sum()  # step 0: sampled, every saturation recorded
+            del out
+        except NonFiniteError:
+            pass  # the forward raised mid-step: what it recorded belongs to an abandoned row
+        gc.collect()
+        held = [r for r in seen if r() is not None]
+        sentinel.detach(quiet=True)
+    assert seen
+    return held
+
+
+@pytest.mark.parametrize("check", ["immediate", "deferred"])
+def test_no_tanh_output_is_held_past_its_forward_by_the_saturation_probe(check: str) -> None:
+    assert _tanh_outputs_held(_stack(10), check) == []
+
+
+def test_no_tanh_output_is_held_past_a_forward_that_raised() -> None:
+    model = _stack(10, bad=8, at=0)  # a NaN at module 8, found at the end of the forward
+    assert _tanh_outputs_held(model, "immediate") == []

@@ -26,9 +26,9 @@ from torch_sentinel.testing import count_launches
 
 #: What the sentinel adds now, per module per step (deferred mode, the accelerator default).
 #: Issue 13 measured 0.90 (stack) and 1.46 (GPT-2) with one reduction per module; the target was
-#: <= 0.5. Batched: 0.45 and 0.32 (the stack's rest is the sampled saturation probe, 5 ops per
-#: Tanh on one step in ten).
-LIMITS = {"stack100": 0.5, "gpt2-4": 0.4}
+#: <= 0.5. Batched: 0.45 and 0.32; with the sampled saturation fractions batched too (they were
+#: 5 ops per Tanh on one step in ten, now a few per boundary) the stack adds 0.21.
+LIMITS = {"stack100": 0.3, "gpt2-4": 0.4}
 
 Build = Callable[[], tuple[nn.Module, Callable[[int], torch.Tensor]]]
 

@@ -18,6 +18,8 @@ list reaches ``cap`` tensors, the whole list is reduced. Two strategies, by devi
   over the tensors anyway, 4-6x slower than ``aminmax`` for an inf-norm): one ``aminmax`` per
   tensor at the boundary, into the pair, true min and max (as before batching).
 
+:class:`BatchedFractions` does the same for the saturation probe's fractions (sampled steps).
+
 The cap bounds what is held: at most ``cap`` activations or gradients outlive their hook, and
 none outlives the boundary that follows (so none outlives its step). In immediate mode the
 results are read back (a numpy view on CPU) and, only when one is non-finite, the first
@@ -38,7 +40,7 @@ from .dtypes import DtypePolicy
 from .ledger import Ledger
 from .transfer import read_now
 
-__all__ = ["FUSED_ON_CPU", "BatchedMax"]
+__all__ = ["FUSED_ON_CPU", "BatchedFractions", "BatchedMax"]
 
 #: Called with the offending tensor when its batched result is non-finite (immediate mode).
 OnBad = Callable[[torch.Tensor], None]
@@ -170,3 +172,96 @@ class BatchedMax:
             callback = on_bad[i]
             if callback is not None:
                 callback(tensors[i])
+
+
+#: Tensors up to this many elements are stacked with their group at the boundary; above it the
+#: per-call cost is the data's, not the call's, and they are reduced on the spot.
+_SMALL = 1 << 16
+
+
+class BatchedFractions:
+    """Per slot, the fraction of a tensor's values ``v`` with ``|v - shift| > edge``, written at
+    the next :meth:`flush` (sigmoid / tanh saturation on sampled steps).
+
+    Reduced one by one, each small tensor costs five ops (shift, abs, compare, cast, mean) and
+    a copy: 40-90 µs for a 32x64 output on a loaded 2-core CPU, nearly all of it per-call
+    overhead. Here a hook only records ``(slot, tensor)``; the boundary stacks the small tensors
+    of one (dtype, shape, shift, edge) group and reduces them together: one stack, shift, abs,
+    compare, mean over the rows and ``index_copy_`` into the row per group (2-9 µs per tensor
+    on the same machine). The values
+    are those of the one-by-one reduction, bit for bit: the comparison runs in the tensor's own
+    dtype, the 0/1 mean in float32. Tensors above ``_SMALL`` elements are reduced on the spot.
+
+    A slot recorded twice before a flush (a module called twice) keeps the later tensor, as the
+    one-by-one ``copy_`` did. At most ``cap`` tensors are held; :meth:`flush` runs at the
+    owner's boundaries and :meth:`drop` forgets the pending entries.
+    """
+
+    def __init__(self, ledger: Ledger, cap: int = 64) -> None:
+        self.ledger = ledger
+        self.cap = cap
+        self._pending: dict[int, tuple[torch.Tensor, float, float]] = {}
+        self._index: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, t: torch.Tensor, slot: int, shift: float, edge: float) -> None:
+        """Record ``t`` (detached) for ``slot``; host bookkeeping only, unless ``t`` is large
+        or the list is full."""
+        d = t.detach()
+        if d.numel() > _SMALL:
+            self._pending.pop(slot, None)
+            self.ledger.views[slot].copy_(_fraction(d, shift, edge))
+            return
+        if len(self._pending) >= self.cap and slot not in self._pending:
+            self.flush()
+        self._pending[slot] = (d, shift, edge)
+
+    def drop(self) -> None:
+        self._pending = {}
+
+    def flush(self) -> None:
+        """Write every pending fraction into the ledger row (a few device ops per group)."""
+        if not self._pending:
+            return
+        pending = self._pending
+        self._pending = {}
+        groups: dict[tuple[torch.dtype, torch.device, torch.Size, float, float],
+                     tuple[list[int], list[torch.Tensor]]] = {}
+        for slot, (d, shift, edge) in pending.items():
+            slots, tensors = groups.setdefault((d.dtype, d.device, d.shape, shift, edge), ([], []))
+            slots.append(slot)
+            tensors.append(d)
+        row = self.ledger.current
+        with torch.no_grad():
+            for (_, _, _, shift, edge), (slots, tensors) in groups.items():
+                if len(tensors) == 1:
+                    fractions = _fraction(tensors[0], shift, edge).reshape(1)
+                else:
+                    x = torch.stack(tensors).view(len(tensors), -1)  # a copy: ours to modify in place
+                    if shift:
+                        x.sub_(shift)
+                    x.abs_()
+                    x.gt_(edge)
+                    fractions = (x if x.dtype is torch.float32 else x.float()).mean(1)
+                row.index_copy_(0, self._indices(slots, row.device), fractions.to(row.dtype))
+
+    def _indices(self, slots: list[int], device: torch.device) -> torch.Tensor:
+        key = tuple(slots)
+        index = self._index.get(key)
+        if index is None:
+            if len(self._index) >= _CACHE_LIMIT:
+                self._index.clear()
+            index = torch.tensor(key, dtype=torch.long)
+            if device.type != "cpu":
+                index = index.to(device, non_blocking=True)
+            self._index[key] = index
+        return index
+
+
+def _fraction(d: torch.Tensor, shift: float, edge: float) -> torch.Tensor:
+    """The fraction of ``d``'s values beyond ``edge`` from ``shift``, one tensor (0-d float32)."""
+    x = d - shift if shift else d
+    return (x.abs() > edge).float().mean()
+
