@@ -44,9 +44,16 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
                 yield from iter_tensors(item, depth + 1)
 
 
+#: Every floating dtype this torch has (float8 variants included).
+_FLOATING = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype) and d.is_floating_point)
+
+
 def reducible(t: torch.Tensor) -> bool:
-    """A tensor whose min/max can be folded into a slot: dense, floating, non-empty."""
-    return (t.is_floating_point() and not t.is_meta and not t.is_sparse and not t.is_nested
+    """A tensor whose min/max can be folded into a slot: dense, floating, non-empty.
+
+    Called for every hooked output and output gradient: a dtype lookup and a layout identity
+    check cost less than ``is_floating_point()`` and ``is_sparse``."""
+    return (t.dtype in _FLOATING and t.layout is not torch.sparse_coo and not t.is_meta and not t.is_nested
             and t.numel() > 0)
 
 
