@@ -437,7 +437,12 @@ class Collector:
                 self._emit(subs, slot, module, args, t, True)
                 continue
             if t is self._last_output:
-                continue  # a submodule's output returned as is: already delivered and hooked
+                # A submodule's output returned as is: already delivered and hooked; on an
+                # ordinary step the submodule's delivery skipped the forward check, which the
+                # model's outputs carry.
+                if slot == 0 and not self.watch.everything:
+                    self._emit(subs, slot, module, args, t, False)
+                continue
             self._last_output = t
             if t.requires_grad and (self.outgrad.watch[slot] or self.meta.outgrad_complete):
                 self._watch_gradient(t, slot)
