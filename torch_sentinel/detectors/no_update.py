@@ -12,7 +12,8 @@ layer (Linear/Conv then BatchNorm/LayerNorm) is scale-invariant, its gradient is
 it, and an SGD step changes its norm by ``(lr |g| / |W|)^2 / 2``, below float32's resolution
 although every element moved. So a still norm is confirmed with a first-order fingerprint
 before it is reported: the L1 norm of the weight accumulated in float64 (``sum sign(w) dw``
-moves at first order), taken before every step for the first 10 steps and afterwards only for
+moves at first order) and its largest magnitude (for a gradient whose signed sum rounds to
+0, as a BatchNorm weight's before another normalisation can), taken before every step for the first 10 steps and afterwards only for
 the parameters whose L2 norm stood still (candidates), and compared step to step on the device
 (the row holds the relative change). Only a parameter whose fingerprint did not change either
 is still.
@@ -33,6 +34,7 @@ Thresholds:
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, Optional
@@ -339,7 +341,8 @@ class NoUpdateDetector(Detector, Probe):
 
 
 class _Fingerprints:
-    """First-order fingerprints of the weights (L1 norms accumulated in float64), taken before a
+    """First-order fingerprints of the weights (L1 norms accumulated in float64, and the largest
+    magnitude), taken before a
     step, and their relative change since the previous step written into the row: device ops
     only; which names hold a valid change is host bookkeeping (``meta.extra``)."""
 
@@ -370,16 +373,22 @@ class _Fingerprints:
         if not names:
             return
         with torch.no_grad():
-            fp = torch.stack([t.to(host.device) for t in torch._foreach_norm(
-                [self.tensors[n].detach() for n in names], 1, dtype=self.dtype)])
+            weights = [self.tensors[n].detach() for n in names]
+            # Two prints per weight: its L1 norm and its largest magnitude (the L1 norm alone is
+            # blind when sum(sign(w) dw) rounds to 0: a BatchNorm weight of ones followed by
+            # another normalisation gets a gradient summing to ~0, and 8% of its SGD steps
+            # left both the L2 and the L1 norm bit-identical while every element moved).
+            fp = torch.stack([t.to(host.device) for t in (
+                *torch._foreach_norm(weights, 1, dtype=self.dtype),
+                *torch._foreach_norm(weights, math.inf, dtype=self.dtype))]).view(2, -1)
             at, slots = self._indices(names)
             if self.previous is None:
-                self.previous = torch.zeros(len(self.names), dtype=self.dtype, device=host.device)
-            before = self.previous.index_select(0, at)
-            change = (fp - before).abs() / before.abs().clamp_min(torch.finfo(self.dtype).tiny)
+                self.previous = torch.zeros((2, len(self.names)), dtype=self.dtype, device=host.device)
+            before = self.previous.index_select(1, at)
+            change = ((fp - before).abs() / before.abs().clamp_min(torch.finfo(self.dtype).tiny)).amax(0)
             dest = host.ledger.current[self.block.start : self.block.stop]
             dest.index_copy_(0, slots, change.to(dest.dtype))
-            self.previous.index_copy_(0, at, fp)
+            self.previous.index_copy_(1, at, fp)
         host.meta.extra[FINGERPRINTED] = tuple(n for n in names if self.taken.get(n) == row - 1)
         for n in names:
             self.taken[n] = row
