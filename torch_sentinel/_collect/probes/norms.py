@@ -243,7 +243,17 @@ class NormsProbe(Probe):
         hv = host.ledger.host_view
         assert hv is not None
         row = hv[start : start + len(tensors)]
-        for i in np.flatnonzero(row == 0).tolist():
+        zeros = np.flatnonzero(row == 0).tolist()
+        if not zeros:
+            return
+        # float32 tensors (a vanishing gradient: hundreds of slots, every step): one
+        # _foreach_norm accumulating in float64, where the square of any nonzero float32 value
+        # (>= 1.4e-45) is a normal number; the norm itself fits float32 (denormals included).
+        wide = [i for i in zeros if tensors[i] is not None and tensors[i].dtype is torch.float32]  # type: ignore[union-attr]
+        if wide and self._wide_norms(start, tensors, wide):
+            done = set(wide)
+            zeros = [i for i in zeros if i not in done]
+        for i in zeros:
             t = tensors[i]
             if t is None or not reduces(t.dtype, t.device):
                 continue  # no tensor, or a skipped dtype: the slot keeps its initial value
@@ -254,6 +264,21 @@ class NormsProbe(Probe):
                 # Never 0 (so 0/0 cannot happen): an all-zero tensor keeps its norm of 0.
                 scale = d.abs().amax().clamp_min(torch.finfo(d.real.dtype).tiny)
                 host.ledger.views[start + i].copy_(scale * torch.linalg.vector_norm(d / scale))
+
+    def _wide_norms(self, start: int, tensors: list[Optional[torch.Tensor]], indices: list[int]) -> bool:
+        """Float64-accumulated L2 norms of the float32 ``tensors[i]`` into their slots; False
+        where this torch's _foreach_norm takes no ``dtype`` (the caller then goes one by one)."""
+        host = self.host
+        chosen = [tensors[i] for i in indices]
+        try:
+            with torch.no_grad():
+                norms = torch._foreach_norm(chosen, 2, dtype=torch.float64)  # type: ignore[arg-type]
+        except (TypeError, RuntimeError):
+            return False
+        dest = host.ledger.current[start : start + len(tensors)]
+        index = torch.tensor(indices, dtype=torch.long, device=dest.device)
+        dest.index_copy_(0, index, torch.stack([n.to(dest.device) for n in norms]).to(dest.dtype))
+        return True
 
 
 #: Tensors up to this many elements are normed in stacked groups of one shape on CPU (far
