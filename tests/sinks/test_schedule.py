@@ -66,8 +66,10 @@ def test_global_tags_every_step_module_tags_every_tenth_and_bytes_per_step(tmp_p
     train(tmp_path / "b", 15)
     tags = scalars(tmp_path / "b")
     assert tags["loss/train"] == tags["grad_norm/global"] == tags["nonfinite/forward"] == set(range(15))
-    # ~190 per-module tags, ~9 KB per write: every 5th step (and the last step).
-    assert tags["grad_norm/lin.0"] == tags["activation_absmax/lin.61"] == {0, 5, 10, 14}
+    # ~190 per-module tags, ~9 KB per write: every 5th step (and the last step). Module output
+    # maxima exist on sampled steps only (0-9, 10); the last step, 14, is an ordinary one.
+    assert tags["grad_norm/lin.0"] == {0, 5, 10, 14}
+    assert tags["activation_absmax/lin.61"] == {0, 5, 10}
     per_step = (event_bytes(tmp_path / "b") - event_bytes(tmp_path / "a")) / 10
     assert per_step <= 2500, per_step
 
@@ -77,5 +79,7 @@ def test_per_module_detail_around_a_fault_is_complete(tmp_path: Path) -> None:
     tags = scalars(tmp_path)
     # One interval (5 steps) up to the fault's step 13 gets its per-module tags.
     assert tags["grad_norm/lin.0"] == {0, 5, 9, 10, 11, 12, 13, 15, 16}
-    assert tags["activation_absmax/lin.61"] >= {9, 10, 11, 12, 13}
+    # Output maxima on the sampled steps 9 and 10; ordinary steps 11-13 have none to write (the
+    # NaN at 13 is in the batch: found at the data boundary, with no module to localise).
+    assert tags["activation_absmax/lin.61"] >= {9, 10}
     assert tags["loss/train"] == set(range(17))

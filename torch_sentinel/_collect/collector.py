@@ -217,7 +217,7 @@ class Collector:
         root = self.map.root
         self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
         self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
-        self.entry.install(root, self.hooks)
+        self.entry.install(root)
         # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
         self.hooks.add(nn.modules.module.register_module_module_registration_hook(
             WeakHook(self.replacements.note)))
@@ -245,6 +245,7 @@ class Collector:
         self.batch.drop()
         try:
             self.watch.close()
+            self.entry.close()
             self.hooks.close()
         finally:
             self.table.close()
@@ -263,6 +264,7 @@ class Collector:
         if self.traced:
             watch.dense_for_good = True
         watch.sync(self.step, self.meta.outgrad_complete)
+        self.entry.set_active(watch.everything)
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -542,7 +544,7 @@ class Collector:
     def _rebound(self, name: str, old: nn.Module, new: nn.Module) -> None:
         self.table.rebind(old, new)
         if "." not in name:
-            self.entry.watch(new, self.hooks)  # a top-level submodule: data may enter there
+            self.entry.watch(old, new)  # a top-level submodule: data may enter there
 
     def on_zero_grad(self, owner: Any) -> None:
         """``owner.zero_grad()`` returned (any ``set_to_none``): see cleared.py."""

@@ -13,6 +13,11 @@ Data enters through two doors:
 The collector tells :class:`DataEntry` when the root's forward starts and ends
 (:meth:`DataEntry.root_entered` / :meth:`DataEntry.root_exited`), so a submodule called from
 inside it is not taken for a door.
+
+The second door's pre-hooks are on the steps where every module is hooked (``watching.py``):
+on ordinary steps of a model whose loop calls the root, they would only cost a Python call per
+top-level submodule (every layer of an ``nn.Sequential``); a loop that calls submodules itself
+keeps every hook on every step.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from .compat import is_compiling as _is_compiling
-from .hookset import HookSet, ModuleHook
+from .hookset import ModuleHook
 from .schedule import ProbeTable
 from .tensors import iter_tensors, reducible
 
@@ -56,15 +62,33 @@ class DataEntry:
         self._emit = table.emit
         #: Calls of the root's forward in progress (its submodules' inputs are then not data).
         self.depth = 0
+        #: The top-level submodules and, while the second door is watched, their pre-hooks.
+        self._children: list[nn.Module] = []
+        self._handles: list[RemovableHandle] = []
 
-    def install(self, root: nn.Module, hooks: HookSet) -> None:
+    def install(self, root: nn.Module) -> None:
         """Watch what user code passes to each top-level submodule of ``root``."""
-        for child in root.children():
-            self.watch(child, hooks)
+        self._children = list(root.children())
+        self.set_active(True)
 
-    def watch(self, child: nn.Module, hooks: HookSet) -> None:
-        """Watch what user code passes to ``child``, a top-level submodule of the model."""
-        hooks.add(child.register_forward_pre_hook(ModuleHook(self.on_entry), with_kwargs=True))
+    def watch(self, old: nn.Module, new: nn.Module) -> None:
+        """``new`` replaced the top-level submodule ``old``: watch it instead."""
+        self._children = [new if c is old else c for c in self._children]
+        if self._handles:
+            self.set_active(False)
+            self.set_active(True)
+
+    def set_active(self, active: bool) -> None:
+        """Hook the top-level submodules (or unhook them); between steps."""
+        if active and not self._handles:
+            self._handles = [c.register_forward_pre_hook(ModuleHook(self.on_entry), with_kwargs=True)
+                             for c in self._children]
+        elif not active:
+            self.close()
+
+    def close(self) -> None:
+        while self._handles:
+            self._handles.pop().remove()
 
     def root_entered(self) -> None:
         self.depth += 1

@@ -18,6 +18,10 @@ Around a fault the detail is never thinned: for a finding of severity warning or
 ``s``, the steps ``s - interval + 1 .. s`` get their per-module scalars. Steps already written
 without them are kept for this (host numbers only, at most one interval of them) and written
 when the finding arrives; steps still on their way are written in full when they arrive.
+What a step has is what was recorded: gradient, weight and update norms on every step; module
+output maxima (``activation_absmax/*``) on sampled steps (``_collect/cadence.py``) and, in
+immediate mode, on the step of a non-finite fault, whose forward is run again with every module
+watched (``_collect/watching.py``).
 """
 
 from __future__ import annotations
