@@ -55,8 +55,9 @@ SENTINEL = "sentinel"
 #: short GPU slot, and these are the ones the compiled targets are about.
 COMPILE_VARIANTS = ("bare", "sentinel", "sentinel_deferred", "clip_grad_norm")
 SCALING_VARIANTS = ("bare", "sentinel", "sentinel_deferred", "naive_hooks")
-#: Warm-up steps of the scaling runs: the steady state (one sampled step in ten), as in a long run.
-SCALING_WARMUP = 12
+#: Warm-up steps of the scaling runs: past the sentinel's denser sampling of the first 100 steps
+#: (``torch_sentinel._collect.cadence``), the steady state of a long run (one sampled step in 50).
+SCALING_WARMUP = 102
 X, DASH = "\u00d7", "\u2013"  # the multiplication sign and en dash of the tables
 
 
