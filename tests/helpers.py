@@ -50,6 +50,19 @@ class Transformer(nn.Module):
         return self.head(self.encoder(self.embed(tokens)).mean(1))
 
 
+class EncoderDecoder(nn.Module):
+    """Linear(20, 32) -> ReLU -> Linear(16, 4): a planted feature mismatch at the decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(20, 32)
+        self.act = nn.ReLU()
+        self.decoder = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.act(self.encoder(x)))
+
+
 def make_batch(kind: str, n: int = 16, generator: Optional[torch.Generator] = None) -> tuple[torch.Tensor, torch.Tensor]:
     g = generator
     if kind == "mlp":

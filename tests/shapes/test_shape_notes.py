@@ -6,20 +6,10 @@ from typing import Callable
 
 import pytest
 import torch
+from helpers import EncoderDecoder
 from torch import nn
 
 import torch_sentinel
-
-
-class EncoderDecoder(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = nn.Linear(20, 32)
-        self.act = nn.ReLU()
-        self.decoder = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.act(self.encoder(x)))
 
 
 class Wrap(nn.Module):

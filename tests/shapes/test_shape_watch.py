@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import pytest
 import torch
+from helpers import EncoderDecoder
 from torch import nn
 
 import torch_sentinel
@@ -278,16 +279,6 @@ def test_an_error_in_an_evaluation_forward_under_no_grad_gets_the_note() -> None
 
 @pytest.mark.parametrize("order", ["attach_then_compile", "compile_then_attach"])
 def test_a_shape_error_raised_while_compiling_names_the_layer_found_eagerly(order: str) -> None:
-    class EncoderDecoder(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.encoder = nn.Linear(20, 32)
-            self.act = nn.ReLU()
-            self.decoder = nn.Linear(16, 4)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.decoder(self.act(self.encoder(x)))
-
     torch._dynamo.reset()
     model = EncoderDecoder()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

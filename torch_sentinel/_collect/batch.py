@@ -51,6 +51,25 @@ FUSED_ON_CPU = False
 _CACHE_LIMIT = 512
 
 
+class SlotIndex:
+    """Device index tensors by slot tuple, made once: the same pattern recurs every step."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def __call__(self, slots: list[int], device: torch.device) -> torch.Tensor:
+        key = tuple(slots)
+        index = self._cache.get(key)
+        if index is None:
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            index = torch.tensor(key, dtype=torch.long)
+            if device.type != "cpu":
+                index = index.to(device, non_blocking=True)
+            self._cache[key] = index
+        return index
+
+
 class BatchedMax:
     """The pending ``(tensor, min slot, max slot)`` entries of the current boundary."""
 
@@ -66,7 +85,7 @@ class BatchedMax:
         self._hi: list[int] = []
         self._on_bad: list[Optional[OnBad]] = []
         #: Device index tensors by slot tuple: the same pattern recurs every step.
-        self._index: dict[tuple[int, ...], torch.Tensor] = {}
+        self._index = SlotIndex()
 
     def __len__(self) -> int:
         return len(self._tensors)
@@ -144,16 +163,7 @@ class BatchedMax:
             self._check(results, tensors, on_bad)
 
     def _indices(self, slots: list[int]) -> torch.Tensor:
-        key = tuple(slots)
-        index = self._index.get(key)
-        if index is None:
-            if len(self._index) >= _CACHE_LIMIT:
-                self._index.clear()
-            index = torch.tensor(key, dtype=torch.long)
-            if self.ledger.device.type != "cpu":
-                index = index.to(self.ledger.device, non_blocking=True)
-            self._index[key] = index
-        return index
+        return self._index(slots, self.ledger.device)
 
     def _check(self, results: list[tuple[list[int], torch.Tensor]], tensors: list[torch.Tensor],
                on_bad: list[Optional[OnBad]]) -> None:
@@ -201,7 +211,7 @@ class BatchedFractions:
         self.ledger = ledger
         self.cap = cap
         self._pending: dict[int, tuple[torch.Tensor, float, float]] = {}
-        self._index: dict[tuple[int, ...], torch.Tensor] = {}
+        self._index = SlotIndex()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -248,16 +258,7 @@ class BatchedFractions:
                 row.index_copy_(0, self._indices(slots, row.device), fractions.to(row.dtype))
 
     def _indices(self, slots: list[int], device: torch.device) -> torch.Tensor:
-        key = tuple(slots)
-        index = self._index.get(key)
-        if index is None:
-            if len(self._index) >= _CACHE_LIMIT:
-                self._index.clear()
-            index = torch.tensor(key, dtype=torch.long)
-            if device.type != "cpu":
-                index = index.to(device, non_blocking=True)
-            self._index[key] = index
-        return index
+        return self._index(slots, device)
 
 
 def _fraction(d: torch.Tensor, shift: float, edge: float) -> torch.Tensor:
