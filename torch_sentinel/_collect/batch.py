@@ -155,15 +155,12 @@ class BatchedMax:
             if m.dtype is not row.dtype or m.device != row.device:
                 m = m.to(row.device, row.dtype, non_blocking=True)
             # scatter_reduce_ folds with what the slots hold and between duplicates.
-            row.scatter_reduce_(0, self._indices(hi if whole else [hi[i] for i in idx]), m, "amax")
-            row.scatter_reduce_(0, self._indices(lo if whole else [lo[i] for i in idx]), m.neg(), "amin")
+            row.scatter_reduce_(0, self._index(hi if whole else [hi[i] for i in idx], self.ledger.device), m, "amax")
+            row.scatter_reduce_(0, self._index(lo if whole else [lo[i] for i in idx], self.ledger.device), m.neg(), "amin")
             results.append((idx, m))
         written.update(lo)
         if self.immediate:
             self._check(results, tensors, on_bad)
-
-    def _indices(self, slots: list[int]) -> torch.Tensor:
-        return self._index(slots, self.ledger.device)
 
     def _check(self, results: list[tuple[list[int], torch.Tensor]], tensors: list[torch.Tensor],
                on_bad: list[Optional[OnBad]]) -> None:
@@ -222,7 +219,7 @@ class BatchedFractions:
         d = t.detach()
         if d.numel() > _SMALL:
             self._pending.pop(slot, None)
-            self.ledger.views[slot].copy_(_fraction(d, shift, edge))
+            self.ledger.views[slot].copy_(fraction(d, shift, edge))
             return
         if len(self._pending) >= self.cap and slot not in self._pending:
             self.flush()
@@ -247,7 +244,7 @@ class BatchedFractions:
         with torch.no_grad():
             for (_, _, _, shift, edge), (slots, tensors) in groups.items():
                 if len(tensors) == 1:
-                    fractions = _fraction(tensors[0], shift, edge).reshape(1)
+                    fractions = fraction(tensors[0], shift, edge).reshape(1)
                 else:
                     x = torch.stack(tensors).view(len(tensors), -1)  # a copy: ours to modify in place
                     if shift:
@@ -255,13 +252,10 @@ class BatchedFractions:
                     x.abs_()
                     x.gt_(edge)
                     fractions = (x if x.dtype is torch.float32 else x.float()).mean(1)
-                row.index_copy_(0, self._indices(slots, row.device), fractions.to(row.dtype))
-
-    def _indices(self, slots: list[int], device: torch.device) -> torch.Tensor:
-        return self._index(slots, device)
+                row.index_copy_(0, self._index(slots, row.device), fractions.to(row.dtype))
 
 
-def _fraction(d: torch.Tensor, shift: float, edge: float) -> torch.Tensor:
+def fraction(d: torch.Tensor, shift: float, edge: float) -> torch.Tensor:
     """The fraction of ``d``'s values beyond ``edge`` from ``shift``, one tensor (0-d float32)."""
     x = d - shift if shift else d
     return (x.abs() > edge).float().mean()

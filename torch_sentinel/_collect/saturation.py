@@ -23,7 +23,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from .batch import BatchedFractions
+from .batch import BatchedFractions, fraction
 from .cadence import sampled
 from .compat import is_compiling as _is_compiling
 from .hookset import ModuleHook
@@ -79,9 +79,7 @@ class SaturationWatch(Probe):
         shift, edge = (0.5, _SIGMOID_EDGE) if isinstance(module, nn.Sigmoid) else (0.0, _TANH_EDGE)
         if compiling:
             with torch.no_grad():
-                d = t.detach()
-                saturated = ((d - shift) if shift else d).abs() > edge
-                c.ledger.views[self._slot[id(module)]].copy_(saturated.float().mean())
+                c.ledger.views[self._slot[id(module)]].copy_(fraction(t.detach(), shift, edge))
             return
         pending = self._pending
         if pending is None:

@@ -12,8 +12,8 @@ step is still in hand) ordinary steps hook only
 - the modules a probe needs on this step (``Probe.due``: dead-ReLU masks every step, saturation
   and loss-input samples on their own cadence).
 
-Full steps (the first ten and every tenth, when the gradient-scale detectors compare all
-layers) hook every module. Deferred mode, where a fault is read back steps later and the
+Sampled steps (``cadence.py``: the first ten, every tenth up to step 100, then every fiftieth;
+the gradient-scale detectors compare all layers on them) hook every module. Deferred mode, where a fault is read back steps later and the
 forward cannot be run again, hooks every module on every step; so does a model under
 torch.compile (the hooks present when dynamo traced are the ones the graph runs; toggling them
 would only blind it or recompile) and a model whose submodules the loop calls directly.
@@ -103,11 +103,12 @@ class ModuleWatch:
                 self._handles.pop(slot).remove()
 
     def rebind(self, slot: int) -> None:
-        """The module at ``slot`` was replaced: move its hook to the new module."""
+        """The module at ``slot`` was replaced: move its hook (if it has one now) to the new
+        module; the next sync decides as for any slot."""
         handle = self._handles.pop(slot, None)
         if handle is not None:
             handle.remove()
-        self._install((slot,))
+            self._install((slot,))
 
     def close(self) -> None:
         while self._handles:

@@ -79,10 +79,6 @@ class NormsProbe(Probe):
     def _check_stale_grads(self) -> None:
         """Gradients already present before a step's first backward were not cleared."""
         host = self.host
-        present = [g for g in map(_GRAD, host.param_tensors) if g is not None]
-        if not present:  # the usual case: zero_grad(set_to_none=True) before the backward
-            host.meta.stale_grads = 0
-            return
         # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
         stale = [local(g) for g in _dense_grads(host.param_tensors) if g is not None]
         host.meta.stale_grads = len(stale)
