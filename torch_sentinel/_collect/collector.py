@@ -293,7 +293,9 @@ class Collector:
         self.forward.localised = False
         try:
             with self.watch.all_hooked():
-                output = rerun_forward(self.map.root, args, kwargs, rng, self.device)
+                # Copies of the inputs: the step's backward may follow ("warn"/"record"), and
+                # a forward that changes its inputs in place would change tensors its graph saved.
+                output = rerun_forward(self.map.root, args, kwargs, rng, self.device, copy_inputs=True)
                 self.flush_pending()
         except SentinelError:
             raise
