@@ -198,6 +198,41 @@ def test_gan_skipping_the_bad_batch_trains_as_the_unattached_twin(step: int, whe
             assert torch.equal(v, t), k
 
 
+def _wgan_gp(step: int) -> None:
+    """WGAN-GP (Gulrajani et al.'s loop): D on an interpolate that requires grad, its gradient
+    penalty by ``autograd.grad(create_graph=True)``, then D on fake and real; the NaN in D's
+    interpolate pass."""
+    torch.manual_seed(0)
+    net_g, net_d = Net(4, 16, 2), Net(2, 16, 1)
+    opt_g = torch.optim.Adam(net_g.parameters(), lr=1e-4, betas=(0.5, 0.9))
+    opt_d = torch.optim.Adam(net_d.parameters(), lr=1e-4, betas=(0.5, 0.9))
+    g = torch.Generator().manual_seed(1)
+    with torch_sentinel.attach(net_g, opt_g), torch_sentinel.attach(net_d, opt_d):
+        for i in range(step + 3):
+            real, z = torch.randn(8, 2, generator=g), torch.randn(8, 4, generator=g)
+            fake = net_g(z)
+            opt_d.zero_grad()
+            eps = torch.rand(8, 1, generator=g)
+            interp = (eps * real + (1 - eps) * fake.detach()).requires_grad_(True)
+            net_d.fc2.poison = i == step
+            d_interp = net_d(interp)
+            net_d.fc2.poison = False
+            grad, = torch.autograd.grad(d_interp.sum(), interp, create_graph=True)
+            penalty = ((grad.norm(2, dim=1) - 1) ** 2).mean()
+            (net_d(fake.detach()).mean() - net_d(real).mean() + 10 * penalty).backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            (-net_d(fake).mean()).backward()
+            opt_g.step()
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_wgan_gp_names_the_module_in_the_interpolate_pass(step: int) -> None:
+    with _quiet(), pytest.raises(NonFiniteError, match=rf"step {step}\b.*fc2") as info:
+        _wgan_gp(step)
+    _check(info.value, step, "fc2")
+
+
 # -------------------------------------------------------------------------------------- LBFGS
 def _closure(model: Net, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
              poison_at: int) -> Callable[[], torch.Tensor]:
@@ -396,16 +431,22 @@ def test_gpt2_names_the_mlp_a_user_hook_poisons(step: int, hook_first: bool) -> 
 
 # ------------------------------------------------------------------------ forward side effects
 class Counting(DropNet):
-    """A forward with a Python side effect: a call counter on the model and on a submodule."""
+    """A forward with Python side effects: a call counter on the model, one in a user's
+    pre-hook on a submodule, one in a user's pre-hook on the model itself."""
 
     def __init__(self) -> None:
         super().__init__(6, 16, 1)
         self.calls = 0
-        self.fc2.calls = 0  # type: ignore[assignment]
+        self.fc2_hook_calls = 0
+        self.root_hook_calls = 0
         self.fc2.register_forward_pre_hook(self._count_fc2)
+        self.register_forward_pre_hook(self._count_root)
 
     def _count_fc2(self, module: nn.Module, args: Any) -> None:
-        module.calls += 1  # a user's hook on a submodule
+        self.fc2_hook_calls += 1
+
+    def _count_root(self, module: nn.Module, args: Any) -> None:
+        self.root_hook_calls += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
@@ -415,8 +456,9 @@ class Counting(DropNet):
 @pytest.mark.parametrize("step", STEPS)
 def test_the_rerun_repeats_the_forwards_python_side_effects(step: int) -> None:
     """Pinned behaviour (README, Limitations): the rerun on an ordinary step runs the model's
-    forward (and its submodules' hooks) a second time, so a counter the forward increments
-    counts it; buffers and the RNG state are put back, Python attributes are not."""
+    forward and its submodules' hooks a second time, so counters there count it; the model's
+    own hooks do not run again (``forward``, not ``__call__``). Tensors are left as they were
+    (the tests above); Python attributes are not."""
     torch.manual_seed(0)
     model = Counting()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -433,7 +475,7 @@ def test_the_rerun_repeats_the_forwards_python_side_effects(step: int) -> None:
             opt.step()
     _check(info.value, step, "fc2")
     again = 0 if sampled(step) else 1
-    assert (model.calls, model.fc2.calls) == (forwards + again, forwards + again)
+    assert (model.calls, model.fc2_hook_calls, model.root_hook_calls) == (forwards + again, forwards + again, forwards)
 
 
 # ------------------------------------------------------------- training on after a rerun (record)
