@@ -131,3 +131,59 @@ def test_patches_are_restored_exactly_at_detach() -> None:
     s.detach()
     assert (torch.relu, torch.relu_, F.relu, F.relu_) == before
     assert "relu" not in torch.Tensor.__dict__ and "relu_" not in torch.Tensor.__dict__
+
+
+class _KillAt(nn.Module):
+    """Linear(8, 16) + ReLU whose units all die at ``step`` (the loop sets ``dead``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.act = nn.ReLU()
+        self.head = nn.Linear(16, 2)
+        self.dead = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.head(self.act(h - 100.0 if self.dead else h))
+
+
+def _run_kill(kill_at: int, steps: int, **kwargs) -> tuple[torch_sentinel.Report, int]:
+    torch.manual_seed(0)
+    model = _KillAt()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with torch_sentinel.attach(model, opt, **kwargs) as s:
+        detector = next(d for d in s._detectors if d.kind == "dead_relu")
+        reductions = 0
+        reduce = detector.watch._reduce
+
+        def counting(*args, **kw):  # counts the per-unit reductions the watch takes
+            nonlocal reductions
+            reductions += 1
+            return reduce(*args, **kw)
+
+        detector.watch._reduce = counting
+        for step in range(steps):
+            model.dead = step >= kill_at
+            opt.zero_grad()
+            model(torch.randn(16, 8)).pow(2).mean().backward()
+            opt.step()
+        return s.report(), reductions
+
+
+@pytest.mark.parametrize(
+    "every, expected", [(None, 100 + 100 // 4), (1, 200)], ids=["default-one-in-4-past-100", "every-step"]
+)
+def test_past_step_100_one_step_in_every_is_sampled(every: int, expected: int) -> None:
+    thresholds = {} if every is None else {"dead_relu.every": every}
+    _, reductions = _run_kill(kill_at=10**6, steps=200, thresholds=thresholds)
+    assert reductions == expected
+
+
+def test_a_layer_dying_after_step_100_is_still_reported_from_sampled_batches() -> None:
+    """The window counts sampled batches: 20 of them, one step in 4, then the detector's turn."""
+    report, _ = _run_kill(kill_at=150, steps=150 + 4 * 20 + 30)
+    [finding] = report.by_kind("dead_relu")
+    assert finding.module == "act"
+    assert finding.evidence["dead_fraction"] == 1.0
+    assert 150 + 4 * 20 <= finding.step <= 150 + 4 * 20 + 30

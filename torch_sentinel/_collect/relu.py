@@ -7,7 +7,8 @@ attributed to the innermost attached module whose ``forward`` is on the stack, s
 as ``F.relu(self.fc(x))`` inside ``Block.forward`` is reported as ``Block``'s.
 
 Each site keeps a boolean "fired at least once" mask per unit on the device, OR-ed over the
-steps of a window: one ``amax`` and one ``logical_or`` per call, no host read. Units are
+sampled steps of a window (every step up to step 100, then one in ``dead_relu.every``): one
+``amax`` and one ``logical_or`` per call, no host read. Units are
 features (last dim) for Linear-like outputs and channels (dim 1) for conv outputs.
 
 Under ``torch.compile`` the stack cannot be walked from traced code, so ``nn.ReLU`` modules are
@@ -30,6 +31,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from .cadence import WIDEN_AT
 from .compat import is_compiling as _is_compiling
 from .graph_taps import MaskTap, available
 from .patches import patch_for
@@ -121,7 +123,10 @@ class ReluWatch(Probe):
         return [m for _, m in host.map.modules if isinstance(m, (nn.Conv1d, nn.ReLU))]
 
     def due(self, step: int) -> bool:
-        return step % self.every == 0
+        """Every step up to ``cadence.WIDEN_AT``, then one in ``every``: a site's window counts
+        the batches it saw, so sampling changes how soon a dead unit is reported, not whether
+        (a unit that fires on one batch in 20 does so on sampled batches alike)."""
+        return step < WIDEN_AT or step % self.every == 0
 
     def close(self) -> None:
         self.host = None
@@ -147,7 +152,7 @@ class ReluWatch(Probe):
         c = self.host
         if c is None or not isinstance(result, torch.Tensor):
             return
-        if not torch.is_grad_enabled() or _is_compiling() or c.step % self.every:
+        if not torch.is_grad_enabled() or _is_compiling() or not self.due(c.step):
             return
         last = self._last() if self._last is not None else None
         if last is result:
@@ -222,7 +227,7 @@ class ReluWatch(Probe):
     def _from_graph(self, key: int, fired: torch.Tensor) -> None:
         """Run time, from compiled code: fold one ReLU module's per-unit vector into its site."""
         c = self.host
-        if c is None or c.step % self.every or fired.numel() == 0:
+        if c is None or not self.due(c.step) or fired.numel() == 0:
             return
         slot, channels = divmod(key, 2)
         units = int(fired.shape[0])
