@@ -9,7 +9,8 @@ GPU (one prepared command; eager + torch.compile, CUDA-event timing, sync audit)
     python -m benchmarks.overhead --device cuda
 
 Method: every variant trains its own copy of the model (same initial weights, same batches).
-After warm-up, rounds run every variant for the same number of steps, interleaved, the order
+After warm-up (the sentinel variants past step 100, into the steady state of a long run: see
+``SCALING_WARMUP``), rounds run every variant for the same number of steps, interleaved, the order
 rotating each round; a variant's cost in a round is its time per step over the bare loop's in
 that same round, so drift of the machine cancels. Reported: the median of those per-round
 ratios with min-max, the mean ratio (total time over total bare time, which spreads the
@@ -70,6 +71,9 @@ class Config:
     round_seconds: float = 0.5
     max_steps_per_round: int = 50
     warmup: int = 3
+    #: Warm-up of the sentinel variants: past the denser sampling of the first 100 steps, so the
+    #: rounds time what a long run pays per step; 0 times the first steps instead.
+    sentinel_warmup: int = SCALING_WARMUP
     audit_steps: int = 5
     compile: bool = False
     compile_variants: Sequence[str] = COMPILE_VARIANTS
@@ -186,8 +190,9 @@ def _build_contestants(
             c = Contestant(
                 bench_models.build(model_name, device, cfg.tiny), variant, workdir, compiled
             )
-            c.run(cfg.warmup)
-            if isinstance(variant, SentinelVariant):
+            sentinel = isinstance(variant, SentinelVariant)
+            c.run(max(cfg.warmup, cfg.sentinel_warmup) if sentinel else cfg.warmup)
+            if sentinel:
                 if not variant.hooks_ran():
                     raise RuntimeError("the sentinel's forward hooks did not run (compiled away?)")
                 described[name] = variant.describe()
@@ -507,8 +512,9 @@ def to_markdown(results: dict[str, Any]) -> str:
         f"torch {meta['torch']}, Python {meta['python']}, {meta['date']}. Command: `{meta['command']}`",
         "",
         "Each cell: median over rounds of (variant step time / bare step time in the same round), "
-        f"min{DASH}max in brackets, then the total-time ratio (which includes the sentinel's flush every 50 steps). "
-        "Variants are interleaved and the order rotates each round.",
+        f"min{DASH}max in brackets, then the total-time ratio (which includes the sentinel's detector window every 10 steps). "
+        "Variants are interleaved and the order rotates each round. The sentinel variants were warmed up for "
+        f"{meta.get('config', {}).get('sentinel_warmup', 0)} steps (steady state past the first 100 steps' sampling).",
     ]
     for mode, per_model in results["timing"].items():
         names = list(per_model)
@@ -722,6 +728,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Config, argparse.Namesp
         "(default: 0.5 s; 0.15 s on cuda)",
     )
     p.add_argument("--warmup", type=int, default=Config.warmup)
+    p.add_argument("--sentinel-warmup", type=int, default=Config.sentinel_warmup,
+                   help="warm-up steps of the sentinel variants (default: past the first 100 steps' sampling)")
     p.add_argument("--audit-steps", type=int, default=Config.audit_steps)
     p.add_argument(
         "--compile",
@@ -779,6 +787,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Config, argparse.Namesp
         rounds=a.rounds,
         round_seconds=a.round_seconds,
         warmup=a.warmup,
+        sentinel_warmup=a.sentinel_warmup,
         audit_steps=a.audit_steps,
         compile=cuda if a.compile is None else a.compile,
         compile_variants=a.compile_variants,
