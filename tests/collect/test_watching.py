@@ -201,3 +201,45 @@ def test_submodules_called_from_the_loop_stay_hooked_on_every_step() -> None:
                 nn.functional.mse_loss(model.b(model.a(x)), y).backward()
                 opt.step()
             assert _hooked(model) == len(list(model.modules())) - 1
+
+
+@pytest.mark.parametrize("check", ["immediate", "deferred"], ids=["immediate", "deferred"])
+def test_a_user_hook_registered_after_attach_runs_before_the_sentinels(check: str) -> None:
+    """torch runs forward hooks in registration order; a kept hook is registered again, last,
+    so a NaN a later user hook writes into a module's output is charged to that module (the
+    last layer keeps its hook every step: its output feeds the loss)."""
+    model = _stack(10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    poison = [False]
+
+    def inject(module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+        return output * float("nan") if poison[0] else output
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(NonFiniteError, match=r"step 5\b.*'8'") as info, \
+                torch_sentinel.attach(model, opt, check=check):
+            model[8].register_forward_hook(inject)
+            for i, (x, y) in enumerate(_batches(8)):
+                poison[0] = i == 5
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+    assert (info.value.step, info.value.module) == (5, "8")
+
+
+def test_two_sentinels_on_one_module_keep_their_hooks_in_place() -> None:
+    """Another sentinel's hooks only read the output: no re-registering every step."""
+    inner = _stack(6)
+    outer = nn.Sequential(inner)
+    opt = torch.optim.SGD(inner.parameters(), lr=0.01)
+    ids = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch_sentinel.attach(inner, opt), torch_sentinel.attach(outer):
+            for x, y in _batches(14):
+                opt.zero_grad()
+                nn.functional.mse_loss(outer(x), y).backward()
+                opt.step()
+                ids.append(tuple(inner[5]._forward_hooks))
+    assert len(set(ids[10:])) == 1, ids  # past the full steps: the same hooks, not re-made

@@ -420,14 +420,7 @@ def _gpt2(step: int, hook_first: bool) -> None:
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("hook_first", [
     pytest.param(True, id="hook-before-attach"),
-    pytest.param(False, id="hook-after-attach", marks=pytest.mark.xfail(strict=True, reason=(
-        "torch runs a module's forward hooks in registration order: on a module that has carried "
-        "the collector's hook since before the user registered theirs (every module during "
-        "steps 0-9; GPT-2's MLP always: its output gradient is watched every step, as for "
-        "nearly every GPT-2 module), the collector checks the output before the user's hook makes it NaN, "
-        "and the parent block (transformer.h.1) is charged, on sampled and ordinary steps alike. "
-        "Fix (watching.py, not this helper's): re-register a slot's hook at sync when it is no "
-        "longer its module's last forward hook"))),
+    pytest.param(False, id="hook-after-attach"),
 ])
 def test_gpt2_names_the_mlp_a_user_hook_poisons(step: int, hook_first: bool) -> None:
     with _quiet(), pytest.raises(NonFiniteError, match=rf"step {step}\b.*transformer\.h\.1\.mlp") as info:

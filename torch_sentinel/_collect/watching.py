@@ -19,6 +19,12 @@ torch.compile (the hooks present when dynamo traced are the ones the graph runs;
 would only blind it or recompile) and a model whose submodules the loop calls directly.
 Hooks are added and removed between steps, host bookkeeping only; a set of hooked slots is
 computed once per pattern of due probes.
+
+A hook that stays on keeps its place among the module's forward hooks, and torch runs them in
+registration order: a hook the user registers after ``attach()`` (one that edits the output,
+e.g. clamping or steering an activation) would run after ours, and a NaN it makes would be
+charged to the parent. So at each sync a kept hook that is no longer behind every other
+non-sentinel hook is registered again, last.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Callable
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .compat import forward_hooks
 from .hookset import ModuleHook
 from .probe import Probe
 from .schedule import ProbeTable
@@ -117,9 +124,13 @@ class ModuleWatch:
     def _install(self, slots: Sequence[int] | frozenset[int] | range) -> None:
         handles, modules = self._handles, self._modules
         for slot in slots:
-            if slot not in handles:
-                module = modules[slot][1]
-                handles[slot] = module.register_forward_hook(ModuleHook(self._on_output, slot))
+            module = modules[slot][1]
+            handle = handles.get(slot)
+            if handle is not None:
+                if _runs_last(module, handle):
+                    continue
+                handle.remove()  # a hook registered after ours (see module doc): be last again
+            handles[slot] = module.register_forward_hook(ModuleHook(self._on_output, slot))
 
     def _due_probes(self) -> list[Probe]:
         """The distinct ``on_output`` probes (recomputed when a subscription changed)."""
@@ -132,3 +143,17 @@ class ModuleWatch:
             self._version = self._table.version
             self._cache.clear()
         return self._probes
+
+
+def _runs_last(module: nn.Module, handle: RemovableHandle) -> bool:
+    """Whether the hook behind ``handle`` runs after every forward hook of ``module`` that is
+    not a sentinel's (another sentinel's hooks only read the output: no need to take turns)."""
+    hooks = forward_hooks(module)
+    if hooks is None:
+        return True
+    for hook_id in reversed(hooks):
+        if hook_id == handle.id:
+            return True
+        if not isinstance(hooks[hook_id], ModuleHook):
+            return False
+    return True  # ours is gone from the dict (removed elsewhere): nothing to reorder
