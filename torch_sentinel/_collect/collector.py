@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from .._errors import SentinelError
-from .batch import BatchedMax, OnBad
+from .batch import BatchedFractions, BatchedMax, OnBad
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
@@ -104,6 +104,8 @@ class Collector:
         self.meta = StepMeta(step=0, outgrad_complete=True)
         #: Module outputs and output gradients waiting for the boundary's one batched reduction.
         self.batch = BatchedMax(self.ledger, self._dtypes)
+        #: Sampled outputs waiting for their saturation fractions, at the same boundaries.
+        self.fractions = BatchedFractions(self.ledger)
         self.immediate = immediate
         self.disabled = False
         #: Lives exactly as long as this collector, which the model's hooks keep alive: the
@@ -160,6 +162,9 @@ class Collector:
         #: Set by quiet(): another component's rerun of the forward is running.
         self._quiet = False
         self._root_call: Optional[tuple[tuple[Any, ...], dict[str, Any], RngState]] = None
+        #: The torch RNG state at the entry of the latest root call, once someone asked for it
+        #: (``forward_rng``); reset when the next root call enters.
+        self._entry_rng: Optional[RngState] = None
         self._installed = False
         self.replacements = Replacements(self.map, self.watch.rebind, self._rebound)
         self.backward_steps = BackwardSteps(self, self.table, self.updates)
@@ -216,13 +221,15 @@ class Collector:
         register_params(self, self.param_tensors)
         root = self.map.root
         self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
-        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
         self.entry.install(root)
         # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
         self.hooks.add(nn.modules.module.register_module_module_registration_hook(
             WeakHook(self.replacements.note)))
         self._installed = True
         self._sync_watch()
+        # After the root's output hook (slot 0, hooked on every step, just installed): when this
+        # one runs with the forward still open, the forward did not reach its end (it raised).
+        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
         for opt in self.optimizers:
             # Weakly: an optimizer the user keeps must not keep the collector (and the model).
             self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
@@ -242,7 +249,8 @@ class Collector:
         unregister_params(self)
         self._last_output = None
         self._root_call = None
-        self.batch.drop()
+        self._entry_rng = None
+        self.drop_pending()
         try:
             self.watch.close()
             self.entry.close()
@@ -300,7 +308,7 @@ class Collector:
         except SentinelError:
             raise
         except Exception as exc:  # the user's forward failed the second time: say so, go on
-            self.batch.drop()
+            self.drop_pending()
             self._unwatched.rerun_failed(exc)
             return "failed"
         finally:
@@ -349,18 +357,32 @@ class Collector:
         immediate mode ``on_bad(t)`` is called then if it is non-finite."""
         self.batch.add(t, lo, hi, probe, on_bad, self._written)
 
+    def fraction_later(self, t: torch.Tensor, slot: int, shift: float, edge: float) -> None:
+        """Record ``t`` for ``slot``: the fraction of its values beyond ``edge`` from ``shift``
+        is written at the next boundary, batched per group of same-sized tensors (see
+        ``batch.BatchedFractions``). Eager steps only."""
+        self.fractions.add(t, slot, shift, edge)
+
     def flush_pending(self) -> None:
         """Reduce the pending tensors now (a boundary). A failure that is not a SentinelError
         is a sentinel bug: one warning, the pending tensors are dropped, training goes on."""
-        if not len(self.batch):
+        if not (len(self.batch) or len(self.fractions)):
             return
         try:
+            self.fractions.flush()  # first: it checks nothing, so it cannot raise a fault
             self.batch.flush(self._written)
         except SentinelError:
+            self.drop_pending()
             raise
         except Exception as exc:
-            self.batch.drop()
+            self.drop_pending()
             self._unwatched.batch_failed(exc)
+
+    def drop_pending(self) -> None:
+        """Forget the pending tensors without reducing them (an abandoned row, a forward that
+        raised, detach): the activations they are go with them."""
+        self.batch.drop()
+        self.fractions.drop()
 
     def forward_order(self) -> list[int]:
         """Module slots in the order they first completed a forward pass.
@@ -386,6 +408,7 @@ class Collector:
     # ------------------------------------------------------------------ forward events
     def _on_root_inputs(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self.entry.root_entered()
+        self._entry_rng = None  # a new root call: the state of the last one is not its
         if self.disabled:
             return None
         self._training_forward = torch.is_grad_enabled()
@@ -398,15 +421,49 @@ class Collector:
             self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
             # What a rerun needs if the outputs go bad (references for this forward only).
-            self._root_call = None if self.watch.everything else (args, kwargs, capture_rng(self.device))
+            self._root_call = None if self.watch.everything else (args, kwargs, self.forward_rng())
         self.meta.forward_calls += 1
         self._in_root = not compiling
         self._emit(self._subs["on_root_inputs"], args, kwargs)
         self.entry.emit(args, kwargs, compiling)
         return None
 
+    def forward_rng(self) -> RngState:
+        """The torch RNG state (the CPU generator's and the model device's) at the entry of the
+        root call in progress: the collector's forward pre-hook, after the pre-hooks registered
+        before attach, as the forward itself starts with it. Captured once per root call, by
+        the first to ask (the collector's rerun on ordinary steps, the incident recorder, shape
+        notes); the others share that copy (host copies, never modified).
+
+        Call it from the root's entry only: the collector's pre-hook, an ``on_root_inputs``
+        event, or a root forward pre-hook registered after attach. Asked first later in the
+        forward, it would capture the state of that moment.
+        """
+        state = self._entry_rng
+        if state is None:
+            state = self._entry_rng = capture_rng(self.device)
+        return state
+
     def _on_root_exit(self, module: nn.Module, args: Any, output: Any) -> None:
+        """The root's forward is over, returned or raised (always called, after slot 0's hook)."""
         self.entry.root_exited()
+        if self._in_root:
+            self._forward_raised()
+
+    def _forward_raised(self) -> None:
+        """The root's forward raised before its end (its own code, or a hook before ours).
+
+        The outputs it recorded are dropped, not reduced: reduced into the row, they would be
+        charged to the batch that runs next in the same step (a loop that catches the error
+        and goes on), and held until the next boundary, they would keep the failed forward's
+        activations alive past its step. What was reduced before the raise (more than
+        ``BatchedMax.cap`` pending outputs, a saturation output too large to batch) stays.
+        """
+        self.drop_pending()
+        self._last_output = None
+        self._root_call = None
+        self._in_root = False
+        self._training_forward = False
 
     def _on_output(self, slot: int, module: nn.Module, args: Any, output: Any) -> None:
         if self._quiet:
@@ -662,7 +719,7 @@ class Collector:
         meta = self.meta
         meta.extra["partial"] = True
         meta.grad_missing = tuple(n for n, _ in self.params)
-        self.batch.drop()
+        self.drop_pending()
         record = self.rows.take(meta)
         self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None

@@ -15,8 +15,10 @@ Lifecycle of a probe, in order:
    patches through ``host.hooks.subscribe`` (removed at detach), remember what you need.
 2. :meth:`Probe.output_modules`: which modules' outputs :meth:`Probe.on_output` receives.
 3. The events, on the training thread, inside hooks (hot path: record tensors with
-   ``host.reduce_later`` or launch device ops into your slots, never read a device value; see
-   the sync-audit rules in ``collector.py``):
+   ``host.reduce_later`` / ``host.fraction_later`` or launch device ops into your slots, never
+   read a device value; see the sync-audit rules in ``collector.py``). Recorded tensors are the
+   collector's to reduce at its boundaries and to drop when the step is abandoned or the
+   forward raises: a probe keeps no boundary logic of its own:
 
    ==========================  ===========================================================
    ``on_root_inputs``           the attached model's forward is called (raw args, kwargs)
@@ -129,6 +131,18 @@ class ProbeHost(Protocol):
         gets ``(-|t|max, |t|max)``. In immediate mode ``on_bad(t)`` is called then if ``t`` is
         non-finite, in recording order (the first bad tensor first). Eager steps only: under
         torch.compile use :meth:`reduce_into`, which traces."""
+        ...
+
+    def fraction_later(self, t: torch.Tensor, slot: int, shift: float, edge: float) -> None:
+        """Record ``t`` for ``slot``: at the next boundary, as for :meth:`reduce_later`, the slot
+        gets the fraction of ``t``'s values ``v`` with ``|v - shift| > edge`` (batched per group
+        of same-sized tensors; a slot recorded twice keeps the later tensor). Eager steps only."""
+        ...
+
+    def forward_rng(self) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The torch RNG state (CPU generator, the model device's) at the entry of the root
+        call in progress, captured once per call and shared; ask from the root's entry only
+        (``on_root_inputs``, or a root forward pre-hook registered after attach)."""
         ...
 
     def rerun_forward(self) -> str:

@@ -6,8 +6,10 @@ the start of its forward, the parameters (and whether they are from before the f
 the last logged scalars, and the error's evidence. :func:`torch_sentinel.replay` re-runs it.
 
 Hot path (only with ``log_dir``): at each training forward the root hook keeps a *reference*
-to the inputs and a copy of the torch RNG states (no device read); the reference is dropped at
-the next forward, so no batch outlives the step after its own.
+to the inputs and the torch RNG states (no device read); the reference is dropped at the next
+forward, so no batch outlives the step after its own. The CPU generator's state is the
+collector's copy for that forward (``Collector.forward_rng``, shared with its rerun and the
+shape notes), not a copy of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
-from .._collect.probe import Probe
+from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepMeta
 from .._errors import NonFiniteError
 
@@ -50,7 +52,12 @@ def capture_rng() -> dict[str, Any]:
     costs 0.1-0.5 ms (numpy copies its 624-word state into Python objects), more than the
     sentinel's whole budget for a small step, and a forward almost never draws from them.
     """
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    return _with_cuda({"torch": torch.get_rng_state()})
+
+
+def _with_cuda(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` plus every CUDA device's generator state, if CUDA is in use (host values:
+    a CUDA generator's state is its seed and offset)."""
     if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -118,14 +125,22 @@ class IncidentRecorder(Probe):
         self._current: Optional[_Capture] = None
         self._previous: Optional[_Capture] = None
         self.written: list[str] = []
+        self._host: Optional[ProbeHost] = None
         sentinel.add_probe(self)
         sentinel.on_nonfinite_callbacks.append(self._on_error)
+
+    def setup(self, host: ProbeHost) -> None:
+        self._host = host
 
     def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.compiler.is_compiling():
             return
         self._previous = None
-        self._current = _Capture(self._sentinel.step, args, kwargs, capture_rng(), self._sentinel.root.training)
+        # The CPU state the collector copied at this forward's entry (this event is delivered
+        # there, so the moment is the same). CUDA states are read for every device, not only
+        # the model's, which is all the collector keeps: a replay restores them all.
+        rng = _with_cuda({"torch": self._host.forward_rng()[0]}) if self._host is not None else capture_rng()
+        self._current = _Capture(self._sentinel.step, args, kwargs, rng, self._sentinel.root.training)
 
     def on_row_close(self, meta: StepMeta) -> None:
         # The step is complete; keep its batch only until the next forward, for a deferred

@@ -6,7 +6,10 @@ So on its steps the model carries only hooks on its entry (:class:`ShapeWatch`):
 
 - hot path: the root's forward pre-hook keeps the RNG state (a host copy) for the duration of
   the call; its always-called forward hook drops it. Nothing else: no tensor is kept, no
-  tensor op runs.
+  tensor op runs. The state is the collector's (``Collector.forward_rng``: one copy per root
+  call, shared with the collector's own rerun and the incident recorder); the pre-hook runs
+  after the collector's, as the forward starts, so a rerun begins from the state the forward
+  began with. A top-level child called from the loop is another call: its entry copies its own.
 - cold path, when an exception leaves the root's forward: the innermost module on the
   traceback and its inputs tell whether it is a shape error (the same test the note makes).
   If it is, the forward runs again (``_collect/rerun.py``: same inputs, RNG state and weights,
@@ -123,7 +126,9 @@ class ShapeWatch(Probe):
         self._children = children
         #: Whether the children's entry hooks stay on even when the root is called.
         self.children_for_good = len(children) <= FEW_CHILDREN
-        hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_enter, 0), with_kwargs=True, prepend=True))
+        # Not prepended: after the collector's pre-hook (registered at install, before this), so
+        # the RNG state is the one the collector's rerun and the incident recorder share.
+        hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_enter, 0), with_kwargs=True))
         hooks.add(root.register_forward_hook(ModuleHook(self._on_exit, 0), with_kwargs=True, always_call=True))
         self._hook_children()
 
@@ -149,7 +154,11 @@ class ShapeWatch(Probe):
                 self._unhook_children()
         elif self._entries:
             return None  # a child called inside an entry (the root's forward): not an entry
-        self._entries.append((module, capture_rng(self._device)))
+        host = self._host
+        # The root's call: the state the collector keeps for it. A child called from the loop
+        # is no root call (the collector's copy is the last root call's): its own copy.
+        rng = host.forward_rng() if slot == 0 and host is not None else capture_rng(self._device)
+        self._entries.append((module, rng))
         return None
 
     def _on_exit(self, slot: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
