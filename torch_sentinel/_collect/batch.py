@@ -20,8 +20,12 @@ list reaches ``cap`` tensors, the whole list is reduced. Two strategies, by devi
 
 :class:`BatchedFractions` does the same for the saturation probe's fractions (sampled steps).
 
-The cap bounds what is held: at most ``cap`` activations or gradients outlive their hook, and
-none outlives the boundary that follows (so none outlives its step). In immediate mode the
+Both are the collector's (``Collector.batch``, ``Collector.fractions``): its ``flush_pending``
+reduces both at each boundary, its ``drop_pending`` forgets both when the row is abandoned, the
+model's forward raises (what a failed forward recorded is neither charged to the batch that
+runs next nor kept alive) or the sentinel detaches. Probes only record (``reduce_later``,
+``fraction_later``). The cap bounds what is held: at most ``cap`` activations or gradients
+outlive their hook, and none outlives the boundary that follows (so none outlives its step). In immediate mode the
 results are read back (a numpy view on CPU) and, only when one is non-finite, the first
 non-finite entry in recording order (forward order in forward, backward order in backward) is
 handed to its probe's localisation callback with the tensor itself: the per-tensor results
@@ -201,7 +205,7 @@ class BatchedFractions:
 
     A slot recorded twice before a flush (a module called twice) keeps the later tensor, as the
     one-by-one ``copy_`` did. At most ``cap`` tensors are held; :meth:`flush` runs at the
-    owner's boundaries and :meth:`drop` forgets the pending entries.
+    collector's boundaries and :meth:`drop` forgets the pending entries.
     """
 
     def __init__(self, ledger: Ledger, cap: int = 64) -> None:

@@ -456,8 +456,10 @@ class Collector:
         The outputs it recorded are dropped, not reduced: reduced into the row, they would be
         charged to the batch that runs next in the same step (a loop that catches the error
         and goes on), and held until the next boundary, they would keep the failed forward's
-        activations alive past its step. What was reduced before the raise (more than
-        ``BatchedMax.cap`` pending outputs, a saturation output too large to batch) stays.
+        activations alive past its step. What was written into the row before the raise stays:
+        the data's min/max (at the root's entry), a saturation output too large to batch, and
+        outputs reduced early because more than ``BatchedMax.cap`` were pending; taking those
+        out again would need a copy of the row per forward.
         """
         self.drop_pending()
         self._last_output = None
