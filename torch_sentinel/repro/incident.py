@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -125,12 +126,14 @@ class IncidentRecorder(Probe):
         self._current: Optional[_Capture] = None
         self._previous: Optional[_Capture] = None
         self.written: list[str] = []
-        self._host: Optional[ProbeHost] = None
+        #: The collector, weakly: this recorder is the sentinel's, and a kept sentinel must not
+        #: keep a dropped model (``_model_side.py``).
+        self._host: Optional[weakref.ref[ProbeHost]] = None
         sentinel.add_probe(self)
         sentinel.on_nonfinite_callbacks.append(self._on_error)
 
     def setup(self, host: ProbeHost) -> None:
-        self._host = host
+        self._host = weakref.ref(host)
 
     def on_root_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if torch.compiler.is_compiling():
@@ -139,7 +142,8 @@ class IncidentRecorder(Probe):
         # The CPU state the collector copied at this forward's entry (this event is delivered
         # there, so the moment is the same). CUDA states are read for every device, not only
         # the model's, which is all the collector keeps: a replay restores them all.
-        rng = _with_cuda({"torch": self._host.forward_rng()[0]}) if self._host is not None else capture_rng()
+        host = self._host() if self._host is not None else None
+        rng = _with_cuda({"torch": host.forward_rng()[0]}) if host is not None else capture_rng()
         self._current = _Capture(self._sentinel.step, args, kwargs, rng, self._sentinel.root.training)
 
     def on_row_close(self, meta: StepMeta) -> None:
