@@ -132,6 +132,38 @@ def test_a_forward_that_raises_leaves_no_evidence_and_no_activation(check: str) 
     assert rec.value("act.max", "tanh") < rec.value("act.min", "tanh")  # untouched pair
 
 
+def test_a_retry_inside_the_except_block_keeps_its_evidence() -> None:
+    """The collector tells a forward that raised from one called while the loop handles an
+    earlier error (a retry in the ``except`` block): the retry's outputs are reduced, not
+    dropped, with a user hook on the root after attach (so its output hook runs last) too."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the same weights at every step
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sentinel = torch_sentinel.attach(model, opt, check="deferred")
+    model.register_forward_hook(lambda m, a, o: None)  # after attach: torch runs it after ours
+    try:
+        quiet = torch.full((4, 8), 0.01)
+        with torch.no_grad():
+            expected_lin = model.lin1(quiet).abs().max().item()
+        for _ in range(3):
+            model.gate.fail = True
+            try:
+                model(torch.full((4, 8), 50.0))
+            except ValueError:
+                model.gate.fail = False
+                opt.zero_grad()
+                model(quiet).sum().backward()  # the retry, while the ValueError is handled
+                opt.step()
+        sentinel.flush()
+        records = {r.step: r for r in sentinel.recent_records()}
+    finally:
+        sentinel.detach(quiet=True)
+    for step in range(3):
+        assert records[step].value("act.max", "lin1") == pytest.approx(expected_lin, rel=1e-6)
+        assert records[step].value("saturation", "tanh") == 0.0
+
+
 def test_one_flush_for_both_batches_and_one_drop() -> None:
     """The collector's boundary reduces the pending maxima and fractions together; abandoning
     the row forgets both."""

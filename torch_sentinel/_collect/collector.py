@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
@@ -130,6 +131,8 @@ class Collector:
         self._unmarked = False
         #: Inside a forward of the root (set by its pre-hook, cleared by its forward hook).
         self._in_root = False
+        #: id() of the exception being handled when the root's training forward began.
+        self._handling = 0
         #: step(closure): records once, after the first evaluation (closures.py).
         self.closures = ClosureSteps(self._before_update)
         #: Which backward calls reach this model (see scope.py).
@@ -221,15 +224,13 @@ class Collector:
         register_params(self, self.param_tensors)
         root = self.map.root
         self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
+        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
         self.entry.install(root)
         # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
         self.hooks.add(nn.modules.module.register_module_module_registration_hook(
             WeakHook(self.replacements.note)))
         self._installed = True
         self._sync_watch()
-        # After the root's output hook (slot 0, hooked on every step, just installed): when this
-        # one runs with the forward still open, the forward did not reach its end (it raised).
-        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
         for opt in self.optimizers:
             # Weakly: an optimizer the user keeps must not keep the collector (and the model).
             self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
@@ -424,6 +425,9 @@ class Collector:
             self._root_call = None if self.watch.everything else (args, kwargs, self.forward_rng())
         self.meta.forward_calls += 1
         self._in_root = not compiling
+        # The exception the caller is handling, if any (a retry inside an ``except``): at the
+        # exit, another one means this forward raised (see _on_root_exit).
+        self._handling = id(sys.exc_info()[1]) if not compiling else 0
         self._emit(self._subs["on_root_inputs"], args, kwargs)
         self.entry.emit(args, kwargs, compiling)
         return None
@@ -445,9 +449,14 @@ class Collector:
         return state
 
     def _on_root_exit(self, module: nn.Module, args: Any, output: Any) -> None:
-        """The root's forward is over, returned or raised (always called, after slot 0's hook)."""
+        """The root's forward is over, returned or raised (always called).
+
+        Raised: torch calls this hook from its ``except`` clause, so the exception being
+        handled is a new one. Hook order does not tell: slot 0's output hook may run before
+        or after this one (``watching.py`` registers it again, last, behind a user's hook).
+        """
         self.entry.root_exited()
-        if self._in_root:
+        if self._in_root and id(sys.exc_info()[1]) != self._handling:
             self._forward_raised()
 
     def _forward_raised(self) -> None:
