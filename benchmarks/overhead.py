@@ -14,7 +14,9 @@ After warm-up (the sentinel variants past step 100, into the steady state of a l
 rotating each round; a variant's cost in a round is its time per step over the bare loop's in
 that same round, so drift of the machine cancels. Reported: the median of those per-round
 ratios with min-max, the mean ratio (total time over total bare time, which spreads the
-sentinel's periodic flush over its steps), and absolute medians in ms.
+sentinel's periodic flush over its steps), and absolute medians in ms. A paired run then
+times the bare loop and the sentinel default alternating step by step, past step 100: the
+finest interleaving, for the headline steady-state ratio (``bench_paired``).
 
 Writes ``<out>/overhead-<device>.json`` and ``<out>/overhead-<device>.md``.
 """
@@ -82,6 +84,10 @@ class Config:
     #: Variants whose memory is measured; empty means all of ``variants``.
     memory_variants: Sequence[str] = ()
     scaling: Sequence[int] = (10, 100, 500, 1000)
+    #: Seconds per model of the paired steady-state run (bare and sentinel alternating step by
+    #: step); 0 skips it.
+    paired_seconds: float = 40.0
+    paired_max_steps: int = 400
     scaling_rounds: int = 5
     tiny: bool = False
     threads: int = 0
@@ -396,6 +402,62 @@ def bench_memory(model_name: str, variants: Sequence[str], cfg: Config) -> dict[
     return out
 
 
+# ---------------------------------------------------------------------------------- paired
+PAIRED_MIN_STEPS = 20
+
+
+def bench_paired(cfg: Config, device: torch.device, workroot: str) -> dict[str, Any]:
+    """The sentinel default against the bare loop, in a long run's steady state, with the finest
+    interleaving there is: one step of each, alternating which goes first, after both are past
+    the sentinel's denser sampling of the first 100 steps.
+
+    Rounds of many steps (``bench_model``) compare every variant at once, but a round on a
+    small step is a few dozen steps, so one detector window or a burst of machine noise moves a
+    round's ratio by 10-40%; adjacent steps share the machine's state. Reported: the median of
+    the per-step ratios with its interquartile range, and the total-time ratio, which spreads
+    the sampled steps and the detector windows over the steps that do not have them.
+    """
+    out: dict[str, Any] = {}
+    timer = Timer(device)
+    names = ("bare", SENTINEL)
+    for model_name in cfg.models:
+        contestants: dict[str, Contestant] = {}
+        try:
+            for name in names:
+                torch.manual_seed(0)
+                workdir = os.path.join(workroot, f"paired-{model_name}-{name}")
+                os.makedirs(workdir, exist_ok=True)
+                c = contestants[name] = Contestant(
+                    bench_models.build(model_name, device, cfg.tiny), make_variant(name), workdir
+                )
+                c.run(max(cfg.warmup, cfg.sentinel_warmup))
+            per_pair = timer.time(contestants["bare"].step) + timer.time(contestants[SENTINEL].step)
+            steps = max(PAIRED_MIN_STEPS,
+                        min(cfg.paired_max_steps, round(cfg.paired_seconds / max(per_pair, 1e-6))))
+            times: dict[str, list[float]] = {n: [] for n in names}
+            gc.collect()
+            for i in range(steps):
+                for name in names if i % 2 == 0 else names[::-1]:
+                    times[name].append(timer.time(contestants[name].step))
+        finally:
+            for c in contestants.values():
+                with contextlib.suppress(Exception):
+                    c.close()
+        ratios = sorted(s / b for s, b in zip(times[SENTINEL], times["bare"]))
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        out[model_name] = {
+            "steps": steps,
+            "first_step": contestants[SENTINEL].steps - steps,
+            "bare_ms": statistics.median(times["bare"]) * 1e3,
+            "sentinel_ms": statistics.median(times[SENTINEL]) * 1e3,
+            "ratio_median": statistics.median(ratios),
+            "ratio_q1": q1,
+            "ratio_q3": q3,
+            "ratio_total": sum(times[SENTINEL]) / sum(times["bare"]),
+        }
+    return out
+
+
 # ---------------------------------------------------------------------------------- scaling
 def bench_scaling(cfg: Config, device: torch.device, workroot: str) -> dict[str, Any]:
     """Overhead as the module count grows: if per-hook Python cost dominated, the ratio would
@@ -467,6 +529,10 @@ def check_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                         0,
                         ok,
                     )
+    if not cuda:
+        for model, e in results.get("paired", {}).items():
+            add(f"paired steady state {model}: sentinel default total-time ratio <= 1.05",
+                e["ratio_total"], 1.05, e["ratio_total"] <= 1.05)
     return checks
 
 
@@ -598,6 +664,20 @@ def to_markdown(results: dict[str, Any]) -> str:
                     else e.get("error", DASH)
                 )
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    if results.get("paired"):
+        lines += [
+            "",
+            "### Steady state, paired (bare and sentinel default alternating step by step, past step 100)",
+            "",
+            "| model | bare ms/step | sentinel ms/step | median per-step ratio (IQR) | total-time ratio | steps |",
+            "|---|---|---|---|---|---|",
+        ]
+        for m, e in results["paired"].items():
+            lines.append(
+                f"| {m} | {e['bare_ms']:.2f} | {e['sentinel_ms']:.2f} | {e['ratio_median']:.3f}{X} "
+                f"({e['ratio_q1']:.2f}{DASH}{e['ratio_q3']:.2f}) | {e['ratio_total']:.3f}{X} | "
+                f"{e['first_step']}{DASH}{e['first_step'] + e['steps'] - 1} |"
+            )
     if results.get("scaling"):
         lines += [
             "",
@@ -643,6 +723,7 @@ def run(cfg: Config) -> dict[str, Any]:
         "timing": {},
         "memory": {},
         "scaling": {},
+        "paired": {},
         "notes": [],
     }
     if cfg.compile:
@@ -674,6 +755,15 @@ def run(cfg: Config) -> dict[str, Any]:
                 variants = cfg.memory_variants or cfg.variants
                 results["memory"][model_name] = bench_memory(model_name, variants, cfg)
                 print(f"  {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        if cfg.paired_seconds > 0 and not cfg.compile and not deadline.passed():
+            print("[paired] ...", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            results["paired"] = bench_paired(cfg, device, workroot)
+            for m, e in results["paired"].items():
+                print(f"  paired   {m:12s} {e['bare_ms']:9.2f} ms  sentinel {e['ratio_median']:.3f}{X} "
+                      f"(IQR {e['ratio_q1']:.2f}{DASH}{e['ratio_q3']:.2f}), total {e['ratio_total']:.3f}{X}, "
+                      f"{e['steps']} steps", file=sys.stderr)
+            print(f"  {time.monotonic() - t0:.1f} s", file=sys.stderr)
         if cfg.scaling and not deadline.passed():
             print("[scaling] ...", file=sys.stderr, flush=True)
             t0 = time.monotonic()
@@ -748,6 +838,8 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Config, argparse.Namesp
         help="module counts, comma-separated; empty to skip",
     )
     p.add_argument("--scaling-rounds", type=int, default=Config.scaling_rounds)
+    p.add_argument("--paired-seconds", type=float, default=Config.paired_seconds,
+                   help="seconds per model of the paired steady-state run (0: skip it)")
     p.add_argument(
         "--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)"
     )
@@ -796,6 +888,7 @@ def parse(argv: Optional[Sequence[str]] = None) -> tuple[Config, argparse.Namesp
         memory_variants=a.memory_variants,
         scaling=a.scaling,
         scaling_rounds=a.scaling_rounds,
+        paired_seconds=a.paired_seconds,
         tiny=a.tiny,
         threads=a.threads,
         budget_s=a.budget_s,

@@ -53,6 +53,8 @@ def cli_results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
         "4",
         "--scaling-rounds",
         "1",
+        "--paired-seconds",
+        "0.01",
         "--threads",
         "1",
         "--out",
@@ -212,3 +214,14 @@ def test_a_variant_that_raises_mid_run_is_dropped_and_the_others_keep_their_roun
     per_step = overhead._time_rounds(contestants, cpu, rounds=3, steps=2, failed=failed)
     assert set(per_step) == {"bare"} and len(per_step["bare"]) == 3
     assert "boom at step 3" in failed["breaks"] and "round 1" in failed["breaks"]
+
+
+def test_cli_measures_the_paired_steady_state(cli_results: tuple[dict, str]) -> None:
+    results, markdown = cli_results
+    paired = results["paired"]["mlp"]
+    assert paired["steps"] == overhead.PAIRED_MIN_STEPS  # 0.01 s buys the minimum
+    assert paired["first_step"] >= overhead.SCALING_WARMUP  # past the first 100 steps' sampling
+    assert paired["ratio_q1"] <= paired["ratio_median"] <= paired["ratio_q3"]
+    assert paired["bare_ms"] > 0 and paired["sentinel_ms"] > 0
+    assert "### Steady state, paired" in markdown
+    assert any(t["target"].startswith("paired steady state mlp") for t in results["targets"])
