@@ -187,6 +187,9 @@ def test_gan_recording_every_fault_charges_no_module_of_the_other_net(step: int,
     other = "G" if where == "D" else "D"
     entered = {"D": "loss", "G": "data"}[where]  # G's loss runs through D; D's batch is G's output
     assert run.non_finite(other) == [(step, entered, None)]
+    # G's loss runs through D: its report points at the other model (D's is its own batch)
+    [finding] = [f for f in {"G": run.sg, "D": run.sd}[other].findings if f.kind == "non_finite"]
+    assert finding.evidence.get("loss_through_other_model", False) is (other == "G")
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -514,3 +517,31 @@ def test_the_loop_trains_on_after_a_rerun_as_the_unattached_twin(cls: Callable[.
     assert findings is not None and findings[0] == (step, "forward", "fc2")
     for k, v in twin_state.items():
         assert torch.equal(state[k], v), k
+
+
+def test_a_generator_loss_the_discriminator_made_non_finite_points_at_it() -> None:
+    """D's weights go NaN between its step and G's: G's outputs are finite, its loss is not. G's
+    sentinel reports the loss boundary and says the loss runs through another attached model."""
+    torch.manual_seed(0)
+    net_g, net_d = Net(4, 8, 2), Net(2, 8, 1)
+    opt_g = torch.optim.SGD(net_g.parameters(), lr=0.01)
+    opt_d = torch.optim.SGD(net_d.parameters(), lr=0.01)
+    bce = nn.BCEWithLogitsLoss()
+    ones, zeros = torch.ones(8, 1), torch.zeros(8, 1)
+    expected = r"(?s)step 4\b.*boundary 'loss'.*runs through another attached model.*check that model's report"
+    with _quiet(), torch_sentinel.attach(net_g, opt_g), \
+            torch_sentinel.attach(net_d, opt_d, on_nonfinite="record"), \
+            pytest.raises(NonFiniteError, match=expected) as info:
+        for i in range(6):
+            fake = net_g(torch.randn(8, 4))
+            opt_d.zero_grad()
+            (bce(net_d(torch.randn(8, 2)), ones) + bce(net_d(fake.detach()), zeros)).backward()
+            opt_d.step()
+            if i == 4:
+                with torch.no_grad():
+                    net_d.head.weight.fill_(float("nan"))
+            opt_g.zero_grad()
+            bce(net_d(fake), ones).backward()
+            opt_g.step()
+    assert (info.value.step, info.value.boundary, info.value.module) == (4, "loss", None)
+    assert info.value.evidence["loss_through_other_model"] is True

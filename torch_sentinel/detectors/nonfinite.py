@@ -254,6 +254,15 @@ class NonFiniteDiagnosis:
             others = "; ".join(f"({i}) {c.text}" for i, c in enumerate(causes[1:3], start=2))
             advice = (f"likely causes, most likely first: (1) {first.text}."
                       + (f" Then: {others}" if others else ""))
+        if fault.boundary == "loss" and self.ctx.adversarial():
+            # A GAN's generator loss runs through the discriminator: a value that model made
+            # (its outputs, its weights after its own step) reaches this loss without passing
+            # through any module of this one, and its own sentinel names where it started.
+            fault.detail["loss_through_other_model"] = True
+            advice = ("this loss also runs through another attached model (a backward reached both: "
+                      "an adversarial loop such as a GAN's), so a non-finite value that model made, in "
+                      "its outputs or in its weights after its own step, arrives here first: check that "
+                      "model's report at this step. Otherwise: " + advice)
         if fault.module is not None and fault.module in self.ctx.module_types:
             # the type of the module named, never of the child whose output first went bad
             # (a NaN from F.softmax in CausalSelfAttention.forward is not the Linear's)
