@@ -35,3 +35,15 @@ def test_healthy_program_is_quiet(path: pathlib.Path) -> None:
     assert report.ok and report.boundary is None
     assert report.next_check == HEALTHY_NEXT_CHECK
     assert report.steps >= 20
+
+
+#: Past step 100 the sentinel samples less (``_collect/cadence.py``, ``dead_relu.every``) and the
+#: curve detectors have seen long stretches: a long run of every healthy program stays quiet too.
+LONG_STEPS = 300
+
+
+@pytest.mark.parametrize("path", HEALTHY, ids=[p.stem for p in HEALTHY])
+def test_healthy_program_stays_quiet_over_a_long_run(path: pathlib.Path) -> None:
+    report = load_program(path, "healthy").run(steps=LONG_STEPS)
+    assert [str(f) for f in report.findings if f.is_fault] == []
+    assert report.steps == LONG_STEPS

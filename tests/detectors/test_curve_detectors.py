@@ -51,6 +51,14 @@ CURVES = {
                       lambda s: 2.0 * math.exp(-s / 30) + 0.3, set()),
     "overfit": ([2.0 * math.exp(-s / 20) + 0.01 for s in range(120)],
                 lambda s: 1.0 + 0.5 * max(0, s - 40) / 10 if s > 40 else 2.0 - s / 40, {"overfitting"}),
+    # Regression (a healthy fresh-data run, 300 steps): validation bumps 30% over two points but
+    # stays below the training loss, which keeps falling: no generalization gap.
+    "val_bump_below_train": ([0.3 - s / 1000 for s in range(120)],
+                             lambda s: [1.0, .8, .6, .4, .2, .15, .13, .12, .105, .135, .14, .11][s // 10], set()),
+    # Regression: both losses bump together (an lr bump), validation far above training: compared
+    # with the whole run before the best point, the training loss looked as if it still fell.
+    "both_losses_bump": ([2.0 * math.exp(-s / 20) + 0.01 + (0.05 if 90 <= s < 110 else 0.0) for s in range(120)],
+                         lambda s: [2.0, 1.6, 1.2, 1.0, .8, .7, .6, .55, .5, .6, .62, .5][s // 10], set()),
     "one_bad_validation": ([2.0 * math.exp(-s / 20) + 0.01 for s in range(120)],
                            lambda s: 3.0 if s == 59 else 1.0 - s / 400, set()),
     "diverging": ([1.0 * 1.15**s for s in range(40)], None, {"diverging"}),

@@ -4,7 +4,14 @@ Thresholds:
 - ``overfitting.rise`` = 0.1: the latest validation loss is at least 10% above its best;
 - ``overfitting.patience`` = 2: at least two validation points after the best one (the usual
   early-stopping patience), so one unlucky validation pass is not a trend;
-- the mean training loss since the best validation point is below the mean before it.
+- the mean training loss since the best validation point is below its mean over as many
+  stretches just before it: the training loss still falls while the validation loss rises.
+  Compared with the whole run before the best point instead, any late stretch looks lower (the
+  first steps' losses are in that mean), and a bump of both losses together (Adam on fresh
+  data, where overfitting cannot happen) read as overfitting;
+- a generalization gap: the latest validation loss is at least ``rise`` above the mean training
+  loss since the best point. A model that fits its training data no better than held-out data
+  is not overfitting, whatever its validation curve does (a noisy validation set, an lr bump).
 """
 
 from __future__ import annotations
@@ -54,10 +61,12 @@ class OverfittingDetector(Detector):
             return []
         if min(val[-self.patience:]) < val[best] * (1 + self.rise / 2):
             return []  # the rise must hold over the last points, not be one bounce
-        before = h.train_mean(0, best)
         since = h.train_mean(best + 1, len(val) - 1)
+        before = h.train_mean(max(0, best + 1 - after), best)
         if before is None or since is None or since >= before:
             return []
+        if val[-1] < since * (1 + self.rise):
+            return []  # no generalization gap: held-out data fares as well as training data
         self._reported = True
         steps = list(h.steps)
         return [self.finding(
