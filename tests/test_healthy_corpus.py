@@ -5,9 +5,11 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+import torch
 from helpers import EXAMPLES, load_program
 
 import torch_sentinel
+from torch_sentinel._options import ENV_CHECK
 from torch_sentinel.diagnosis.ladder import HEALTHY_NEXT_CHECK
 
 HEALTHY = sorted((EXAMPLES / "healthy").glob("*.py"))
@@ -42,8 +44,14 @@ def test_healthy_program_is_quiet(path: pathlib.Path) -> None:
 LONG_STEPS = 300
 
 
+@pytest.mark.parametrize("check", ["immediate", "deferred"], ids=["immediate", "deferred"])
 @pytest.mark.parametrize("path", HEALTHY, ids=[p.stem for p in HEALTHY])
-def test_healthy_program_stays_quiet_over_a_long_run(path: pathlib.Path) -> None:
+def test_healthy_program_stays_quiet_over_a_long_run(path: pathlib.Path, check: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both check modes: deferred is the default on accelerators (every module hooked, every step)."""
+    monkeypatch.setenv(ENV_CHECK, check)
+    with torch_sentinel.attach(torch.nn.Linear(2, 2)) as probe:
+        assert probe.check_mode == check  # the programs' own attach() reads the same variable
     report = load_program(path, "healthy").run(steps=LONG_STEPS)
     assert [str(f) for f in report.findings if f.is_fault] == []
     assert report.steps == LONG_STEPS
