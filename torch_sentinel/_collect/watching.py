@@ -36,7 +36,7 @@ from typing import Callable
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from .compat import forward_hooks
+from .compat import forward_hooks, hook_handles_made
 from .hookset import ModuleHook
 from .probe import Probe
 from .schedule import ProbeTable
@@ -69,6 +69,8 @@ class ModuleWatch:
         #: Slots hooked on every step besides the root (watched output gradients).
         self._always: frozenset[int] = frozenset()
         self._cache: dict[tuple[bool, ...], frozenset[int]] = {}
+        #: ``compat.hook_handles_made()`` after the last install (see ``_install``).
+        self._handles_made: int | None = None
 
     @property
     def everything(self) -> bool:
@@ -123,14 +125,18 @@ class ModuleWatch:
 
     def _install(self, slots: Sequence[int] | frozenset[int] | range) -> None:
         handles, modules = self._handles, self._modules
+        made = hook_handles_made()
+        # No hook registered anywhere since our last install: the kept hooks are still last.
+        check_order = made is None or made != self._handles_made
         for slot in slots:
             module = modules[slot][1]
             handle = handles.get(slot)
             if handle is not None:
-                if _runs_last(module, handle):
+                if not check_order or _runs_last(module, handle):
                     continue
                 handle.remove()  # a hook registered after ours (see module doc): be last again
             handles[slot] = module.register_forward_hook(ModuleHook(self._on_output, slot))
+        self._handles_made = hook_handles_made()
 
     def _due_probes(self) -> list[Probe]:
         """The distinct ``on_output`` probes (recomputed when a subscription changed)."""
@@ -147,9 +153,11 @@ class ModuleWatch:
 
 def _runs_last(module: nn.Module, handle: RemovableHandle) -> bool:
     """Whether the hook behind ``handle`` runs after every forward hook of ``module`` that is
-    not a sentinel's (another sentinel's hooks only read the output: no need to take turns)."""
+    not a sentinel's (another sentinel's hooks only read the output: no need to take turns).
+    Only asked after some hook was registered since the last sync; then the usual answer, ours
+    is the last one, is the first key looked at."""
     hooks = forward_hooks(module)
-    if hooks is None:
+    if hooks is None or next(reversed(hooks), None) == handle.id:
         return True
     for hook_id in reversed(hooks):
         if hook_id == handle.id:
