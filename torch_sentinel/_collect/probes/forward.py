@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..cadence import sampled
 from ..faults import Fault, weight_fault
 from ..probe import Probe, ProbeHost
 from ..tensors import VALUE_PRESERVING, all_finite, iter_tensors, reducible, tensor_evidence
-from .outgrad import OutputGradProbe
 
 __all__ = ["ForwardProbe"]
 
@@ -45,7 +45,7 @@ class ForwardProbe(Probe):
     def due(self, step: int) -> bool:
         """Every module output on full steps; on the others the root's outputs carry the check
         (a fault there is localised by running the forward again: ``Collector.rerun_forward``)."""
-        return OutputGradProbe.watch_all_due(step)
+        return sampled(step)
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         if not self.checked[slot]:
