@@ -13,6 +13,7 @@ from ._errors import (
     InstrumentationError,
     NonFiniteError,
     OptionError,
+    ReplicaDivergenceError,
     SentinelError,
     ShapeContractError,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "InstrumentationError",
     "NonFiniteError",
     "OptionError",
+    "ReplicaDivergenceError",
     "Report",
     "Sentinel",
     "SentinelError",

@@ -28,6 +28,7 @@ from ._findings import Finding
 from ._lifecycle import dump_state, forget, load_state
 from ._model_side import ModelSide, ModelSideHandle
 from ._options import Options, resolve_check_mode
+from ._replicas import ReplicaCheck
 from .detectors import RunContext, default_detectors
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
@@ -107,6 +108,8 @@ class Sentinel(ModelSideHandle):
         side.ranks = RankSync.maybe(
             options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
         )
+        # Data-parallel replicas are compared every `replica_check_every` forwards (_replicas/).
+        ReplicaCheck.maybe(model, c, options, side.detectors, self._record_finding)
         # It keeps the modules (to drop their compiled code): model side.
         side.liveness = HookLiveness.for_collector(
             c, context.param_owner, self._model_name, options.blind_hooks

@@ -12,6 +12,7 @@ __all__ = [
     "InstrumentationError",
     "NonFiniteError",
     "OptionError",
+    "ReplicaDivergenceError",
     "SentinelError",
     "ShapeContractError",
     "format_message",
@@ -100,4 +101,36 @@ class NonFiniteError(SentinelError):
         self.shape = shape
         self.dtype = dtype
         self.rank = rank
+        self.evidence = dict(evidence or {})
+
+
+class ReplicaDivergenceError(SentinelError):
+    """Data-parallel replicas that should hold bit-identical tensors do not (raised on every rank
+    at the same step; see ``torch_sentinel/_replicas``).
+
+    Attributes:
+        step: the step at whose start the check found the replicas differing.
+        rank: the first diverged rank; ranks: every diverged rank.
+        module: the module owning the parameter (relative to the attached model), or None.
+        parameter: the parameter's qualified name; state: the optimizer state key
+            (``"exp_avg"``...) when the differing tensor is optimizer state, else None.
+        chunk: ``(start, end)`` in the flattened (local) tensor, holding a differing element.
+        kind: always ``"replica_divergence"``.
+        evidence: every number behind the message.
+    """
+
+    kind = "replica_divergence"
+
+    def __init__(self, message: str, *, step: int, rank: int, ranks: tuple[int, ...],
+                 module: Optional[str], parameter: str, state: Optional[str] = None,
+                 chunk: Optional[tuple[int, int]] = None,
+                 evidence: Optional[dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.rank = rank
+        self.ranks = ranks
+        self.module = module
+        self.parameter = parameter
+        self.state = state
+        self.chunk = chunk
         self.evidence = dict(evidence or {})

@@ -22,6 +22,7 @@ __all__ = [
     "CHECK_MODES",
     "NONFINITE_POLICIES",
     "Options",
+    "REPLICA_MODES",
     "finding_kinds",
     "resolve_check_mode",
     "threshold_keys",
@@ -29,6 +30,8 @@ __all__ = [
 
 CHECK_MODES = ("auto", "immediate", "deferred")
 NONFINITE_POLICIES = ("raise", "warn", "record")
+REPLICA_MODES = ("exact", "tolerance")
+DIVERGENCE_POLICIES = ("raise", "warn")
 
 #: Environment overrides, for switching behaviour on a job without touching its code.
 ENV_ON_NONFINITE = "TORCH_SENTINEL_ON_NONFINITE"
@@ -164,6 +167,16 @@ class Options:
     #: Number steps as a training framework does: called when a step's row closes, it returns
     #: the number of the next step (the Lightning callback passes ``global_step + 1``).
     step_source: Optional[Callable[[], int]] = None
+    #: Training forwards between checks that data-parallel replicas hold the same parameters
+    #: and optimizer state (``_replicas/``). None: every 200 when the model is wrapped in DDP
+    #: or replicated along a mesh dimension (HSDP), else off; 0: off. Given explicitly, it also
+    #: compares an unwrapped model across the default process group.
+    replica_check_every: Optional[int] = None
+    #: "exact": bit-identical replicas; "tolerance": within ``replica_divergence.rtol`` of the
+    #: tensor's norm (for setups whose reductions are not deterministic).
+    replica_check: str = "exact"
+    #: "raise": ReplicaDivergenceError on every rank at the same step; "warn": a finding, go on.
+    on_divergence: str = "raise"
 
     @classmethod
     def build(cls, **kwargs: Any) -> Options:
@@ -205,6 +218,10 @@ class Options:
         self.start_step = _int("start_step", self.start_step, 0)
         if self.module_log_every is not None:
             self.module_log_every = _int("module_log_every", self.module_log_every, 1)
+        if self.replica_check_every is not None:
+            self.replica_check_every = _int("replica_check_every", self.replica_check_every, 0)
+        self.replica_check = _choice("replica_check", self.replica_check, REPLICA_MODES)
+        self.on_divergence = _choice("on_divergence", self.on_divergence, DIVERGENCE_POLICIES)
         if self.step_source is not None and not callable(self.step_source):
             raise _fail("step_source", "a callable returning the next step's number, or None", self.step_source)
         for flag in ("per_rank_logs", "sync_ranks"):

@@ -15,6 +15,7 @@ from .no_update import NoUpdateDetector
 from .overfitting import OverfittingDetector
 from .plateau import PlateauDetector
 from .probabilities_as_logits import ProbabilitiesAsLogitsDetector
+from .replica_divergence import ReplicaDivergenceDetector
 from .saturation import SaturationDetector
 from .unnormalized_input import UnnormalizedInputDetector
 from .unregistered_parameter import UnregisteredParameterDetector
@@ -41,6 +42,7 @@ DETECTORS: list[type[Detector]] = [
     NoUpdateDetector,
     UnregisteredParameterDetector,
     UpdateRatioDetector,
+    ReplicaDivergenceDetector,
     # curves
     OverfittingDetector,
     DivergingDetector,

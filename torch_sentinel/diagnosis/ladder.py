@@ -33,6 +33,7 @@ NEXT_CHECKS: dict[str, str] = {
     "amp_skips": "inspect_backward_path",
     "update_ratio": "inspect_learning_rate",
     "saturation": "inspect_initialization_and_input_scale",
+    "replica_divergence": "inspect_the_diverged_rank",
 }
 
 BOUNDARY_CHECKS: dict[str, str] = {
@@ -66,6 +67,7 @@ HYPOTHESES: dict[str, str] = {
     "amp_skips": "gradients are non-finite at every step, so the scaler never applies an update",
     "update_ratio": "the learning rate is out of scale with the weights",
     "saturation": "pre-activations are too large (initialisation or input scale), so units sit on flat ends",
+    "replica_divergence": "one rank's weights left the others' (faulty hardware, a skipped step, rank-local edits)",
 }
 
 
