@@ -21,8 +21,8 @@ from ._errors import OptionError, format_message
 __all__ = [
     "CHECK_MODES",
     "NONFINITE_POLICIES",
-    "Options",
     "REPLICA_MODES",
+    "Options",
     "finding_kinds",
     "resolve_check_mode",
     "threshold_keys",

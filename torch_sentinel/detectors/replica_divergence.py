@@ -75,7 +75,7 @@ def _what(d: Divergence) -> str:
         return f"set of optimizer state tensors for {d.parameter}"
     if d.state is None:
         return d.parameter
-    return f"the optimizer state {d.state!r} of {d.parameter}"
+    return f"optimizer state {d.state!r} of {d.parameter}"
 
 
 def _next_check(d: Divergence) -> str:
