@@ -68,7 +68,7 @@ class Comparison:
         self.mode = mode
         self.rtol = rtol
         self.owner = owner
-        self.marker = Marker()
+        self.marker = Marker(scale=mode == "tolerance")
 
     def _gather(self, compute: Callable[[], torch.Tensor], shape: tuple[int, ...], what: str) -> np.ndarray:
         g = self.group

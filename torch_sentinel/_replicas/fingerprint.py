@@ -16,7 +16,8 @@ of them:
   each chunk's products are summed by torch's own reduction (not BLAS, whose sum order depends
   on the thread count), so the same bits give the same float on the same kind of device.
 - ``sq``: the float64 sum of squares (its bits, as int64): the scale of the tensor, against
-  which tolerance mode measures a difference of ``dot``.
+  which tolerance mode measures a difference of ``dot``. Exact mode does not need it and sends
+  0 (16 bytes of fingerprint a tensor, one pass less).
 
 The +-1 vector has the length of one chunk and repeats for every chunk.
 """
@@ -79,9 +80,13 @@ class Marker:
 
     Call :meth:`release` after a check to give the scratch memory back (the +-1 vector is
     rebuilt from the seed, in a few microseconds, at the next one).
+
+    Args:
+        scale: compute ``sq`` (tolerance mode); without it, ``sq`` is sent as 0.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, scale: bool = True) -> None:
+        self.scale = scale
         self._scratch: dict[torch.device, _Scratch] = {}
 
     def release(self) -> None:
@@ -107,9 +112,12 @@ class Marker:
             buf.copy_(chunk)  # exact: every float32/bf16/fp16 value is a float64
             torch.mul(buf, scratch.signs[:n], out=prod)
             torch.sum(prod, dim=0, out=parts[i, 0])
-            torch.mul(buf, buf, out=prod)
-            torch.sum(prod, dim=0, out=parts[i, 1])
-        floats = parts.sum(dim=0)
+            if self.scale:
+                torch.mul(buf, buf, out=prod)
+                torch.sum(prod, dim=0, out=parts[i, 1])
+        if not self.scale:
+            parts[:, 1] = 0.0
+        floats = parts[0] if len(chunks) == 1 else parts.sum(dim=0)
         return torch.cat([word_sum(values).reshape(1), floats.view(torch.int64)])
 
     def rows(self, tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
