@@ -20,11 +20,10 @@ __all__ = ["megatron_check"]
 
 def megatron_check(params: Sequence[torch.Tensor], group: Any = None) -> bool:
     """Whether every rank's parameter hashes equal rank 0's (a collective: call on every rank)."""
-    digests = [
-        torch.frombuffer(bytearray(hashlib.sha1(p.data.to("cpu").float().numpy(force=True)).digest()),
-                         dtype=torch.uint8)
-        for p in params
-    ]
+    digests = []
+    for p in params:
+        array: Any = p.data.to("cpu").float().numpy(force=True)  # no copy on CPU, as in Megatron
+        digests.append(torch.frombuffer(bytearray(hashlib.sha1(array).digest()), dtype=torch.uint8))
     local = torch.stack(digests)
     gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)

@@ -61,7 +61,8 @@ class ReplicaCheck(Probe):
 
     def __init__(self, model: nn.Module, plan: Plan, detector: ReplicaDivergenceDetector, mode: str,
                  policy: str, record: Callable[[Finding], None]) -> None:
-        self.model = model
+        #: Held until setup hooks it (then the model's hook holds this check, not the reverse).
+        self._model: Optional[nn.Module] = model
         self.plan = plan
         self.every = plan.every
         self.mode = mode
@@ -104,8 +105,10 @@ class ReplicaCheck(Probe):
                        lambda p: owner.get(p, p.rpartition(".")[0]) or None)
             for g in self.plan.groups
         ]
+        model, self._model = self._model, None
+        assert model is not None, "a ReplicaCheck is set up once"
         # First of the forward pre-hooks: before DDP's or FSDP's own work in that forward.
-        host.hooks.add(self.model.register_forward_pre_hook(ModuleHook(self._before_forward), prepend=True))
+        host.hooks.add(model.register_forward_pre_hook(ModuleHook(self._before_forward), prepend=True))
 
     def close(self) -> None:
         self._comparisons = []
