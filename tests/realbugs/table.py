@@ -77,8 +77,12 @@ def main(names: Optional[list[str]] = None) -> None:
             nan = out.first("non_finite")
             cause_text = ""
             if v.cause_right is False:
-                cause_text = repr(nan.evidence.get("likely_cause")) if nan is not None and p.CAUSE else \
-                    repr(v.finding.next_check)
+                if nan is not None and p.CAUSE and nan.evidence.get("likely_cause") != p.CAUSE:
+                    cause_text = repr(nan.evidence.get("likely_cause"))
+                elif getattr(p, "NEXT_CHECK", None) not in (None, v.finding.next_check):
+                    cause_text = repr(v.finding.next_check)
+                else:
+                    cause_text = "(its message contradicts the run)"
             where = f"module {module}; cause {_mark(v.cause_right, cause_text)}"
             if v.module_right is not None:
                 t.module_cases += 1
