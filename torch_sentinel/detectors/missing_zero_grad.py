@@ -175,7 +175,7 @@ class MissingZeroGradDetector(Detector):
         stale = record.fact(StaleGradients)
         if record.step > 0 and stale is not None and stale.norm > 0 and math.isfinite(stale.norm):
             grads = record.fact(GradNorms)
-            total = float(np.sqrt((grads.values**2).sum())) if grads is not None else math.nan
+            total = float(np.sqrt((grads.at_step**2).sum())) if grads is not None else math.nan
             self._run.append((record.step, stale.norm, total))
         elif record.step > 0:
             self._run = []

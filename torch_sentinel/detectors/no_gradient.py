@@ -71,7 +71,7 @@ class NoGradientDetector(Detector):
         _, slots, index = self._index_cache
         # Per parameter: a gradient (present, nonzero), frozen (never a wiring fault), or
         # none. Frozen and missing parameters are few: the rest is one comparison.
-        got = grads.values[slots] != 0
+        got = grads.at_step[slots] != 0
         frozen = [index[n] for n in grads.frozen if n in index]
         missing = [index[n] for n in grads.missing if n in index]
         if frozen or missing:

@@ -181,7 +181,8 @@ class NoUpdateDetector(Detector):
         w0, w1, g = prev.fact(WeightNorms), rec.fact(WeightNorms), prev.fact(GradNorms)
         if w0 is None or w1 is None or g is None:
             return
-        pre0, pre1, grads = w0.by_name(), w1.by_name(), g.by_name()
+        # The gradients the step applied (after clipping): a gradient clipped to 0 moves nothing.
+        pre0, pre1, grads = w0.by_name(), w1.by_name(), dict(zip(g.names, g.at_step.tolist()))
         lrs = [lr for lr in prev.meta.lrs if lr is not None]
         decayed = bool(lrs) and self._max_lr > 0 and 0 < max(lrs) < 1e-3 * self._max_lr
         lr_zero = bool(lrs) and max(lrs) == 0
@@ -233,7 +234,7 @@ class NoUpdateDetector(Detector):
         lrs = rec.meta.lrs if rec is not None else []
         steps = sorted({s for v in still.values() for s in v})
         last = rec.fact(GradNorms) if rec is not None else None
-        grads = last.by_name() if last is not None else {}
+        grads = dict(zip(last.names, last.at_step.tolist())) if last is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
         fell = self._lr_zero_since
         if lr_zero and fell is not None:

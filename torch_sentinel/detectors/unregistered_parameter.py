@@ -59,7 +59,7 @@ class UnregisteredParameterDetector(Detector):
         grads = record.fact(GradNorms) if self._candidates and record.meta.backward_calls else None
         if grads is not None:
             missing = set(grads.missing)
-            by_name = grads.by_name()
+            by_name = dict(zip(grads.names, grads.at_step.tolist()))
             for n in self._candidates:
                 if n not in missing and n not in self._reported and by_name.get(n, 0.0) > 0:
                     self._unoptimized.setdefault(n, (record.step, by_name[n]))

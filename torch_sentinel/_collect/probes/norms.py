@@ -49,6 +49,11 @@ class GradNorms(Fact):
         return dict(zip(self.names, self.values.tolist()))
 
     @property
+    def at_step(self) -> np.ndarray:
+        """The norms the optimizer step saw: after the step's clip calls, where there were any."""
+        return self.clipped if self.clipped is not None else self.values
+
+    @property
     def total(self) -> float:
         """The global norm over every parameter (what a clip over the whole model saw)."""
         return float(np.sqrt((self.values**2).sum()))
