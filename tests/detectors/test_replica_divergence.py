@@ -12,7 +12,9 @@ from torch_sentinel.detectors.replica_divergence import Divergence, ReplicaDiver
 def _detector(**thresholds: float) -> ReplicaDivergenceDetector:
     ctx = RunContext(module_names=[], module_types={}, param_names=[], param_owner={},
                      optimizer_params=set(), forward_order=list, thresholds=thresholds)
-    return ReplicaDivergenceDetector(ctx)
+    detector = ReplicaDivergenceDetector()
+    detector.bind(ctx)
+    return detector
 
 
 FLIP = Divergence(parameter="fc1.weight", state=None, module="fc1", ranks=(2,), reference=(0, 1, 3),
@@ -41,6 +43,7 @@ def test_finding_carries_the_evidence_on_the_updates_rung() -> None:
     f = _detector().divergence_finding(FLIP)
     assert (f.kind, f.boundary, f.severity, f.rank, f.module, f.step) == (
         "replica_divergence", "updates", "error", 2, "fc1", 6)
+    assert f.next_check == "inspect_the_diverged_rank" and "skipped step" in (f.hypothesis or "")
     ev = f.evidence
     assert (ev["parameter"], ev["ranks"], ev["chunk"], ev["first_seen_step"], ev["last_agreeing_step"],
             ev["mode"]) == ("fc1.weight", [2], [768, 776], 6, 3, "exact")

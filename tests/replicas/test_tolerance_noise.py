@@ -19,7 +19,7 @@ from torch_sentinel.detectors.replica_divergence import ReplicaDivergenceDetecto
 RANKS = 4
 STEPS = 10_000
 NOISE = 1e-7
-RTOL = ReplicaDivergenceDetector.thresholds["rtol"]
+RTOL = ReplicaDivergenceDetector.thresholds["rtol"].default
 SHAPES = [(64, 32), (32,), (10, 32), (10,)]
 
 
