@@ -171,7 +171,6 @@ def _cadence(cfg: Config, device: torch.device, rank: int, gloo: Any) -> dict[st
         "check_step_ms": 1e3 * statistics.median(check_t),
         "check_cost_ms": cost_ms,
         "checks_timed": len(check_t),
-        "share_at_default_cadence": cost_ms / (DEFAULT_CADENCE * bare_ms),
     }
 
 
@@ -191,7 +190,11 @@ def _worker(rank: int, port: int, cfg_dict: dict[str, Any], out: str) -> None:
                             timeout=datetime.timedelta(seconds=300))
     gloo = dist.new_group(backend="gloo") if nccl else None  # Megatron hashes over a gloo group
     try:
-        result = {"one_check": _one_check(cfg, device, rank, gloo), "cadence": _cadence(cfg, device, rank, gloo)}
+        one = _one_check(cfg, device, rank, gloo)
+        cadence = _cadence(cfg, device, rank, gloo)
+        cost = max(cadence["check_cost_ms"], one["median_ms"]["check_with_adamw_state"])
+        cadence["share_at_default_cadence"] = cost / (DEFAULT_CADENCE * cadence["bare_step_ms"])
+        result = {"one_check": one, "cadence": cadence}
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(result, f)
@@ -234,13 +237,15 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         f"### The default cadence (every {DEFAULT_CADENCE} steps) in a DDP training step",
         "",
-        "| bare step ms | attached step ms (no check) | attached step with a check ms | a check costs ms | "
-        f"share at every {DEFAULT_CADENCE} |",
-        "|---|---|---|---|---|",
+        "| bare step ms | attached step ms (no check) | attached step with a check ms | check step - other "
+        f"(in situ) ms | full check alone ms | share at every {DEFAULT_CADENCE} |",
+        "|---|---|---|---|---|---|",
         f"| {cad['bare_step_ms']:.1f} | {cad['attached_step_ms']:.1f} | {cad['check_step_ms']:.1f} | "
-        f"{cad['check_cost_ms']:.2f} | {100 * cad['share_at_default_cadence']:.3f}% |",
+        f"{cad['check_cost_ms']:.2f} | {ms['check_with_adamw_state']:.2f} | "
+        f"{100 * cad['share_at_default_cadence']:.3f}% |",
         "",
-        f"{cad['checks_timed']} checks timed in {cfg['steps']} paired steps. Target: <= 1% "
+        f"{cad['checks_timed']} checks timed in {cfg['steps']} paired steps; the share uses the larger of "
+        "the two costs. Target: <= 1% "
         f"({'met' if cad['share_at_default_cadence'] <= 0.01 else 'not met'}).",
     ]
     return "\n".join(lines) + "\n"
