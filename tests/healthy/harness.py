@@ -90,4 +90,41 @@ def describe(finding: Finding) -> dict[str, object]:
             "step": finding.step, "message": finding.message[:120]}
 
 
-__all__ = ["LEARNING_MARGIN", "STEPS", "Outcome", "describe", "execute", "load", "program_names"]
+__all__ = ["LEARNING_MARGIN", "STEPS", "Outcome", "describe", "execute", "load", "program_names", "render_table"]
+
+
+def render_table(rows: list[dict[str, object]]) -> str:
+    """The markdown table of a run from the JSON lines the test writes (``HEALTHY_OUTSIDE_TABLE``):
+    one row per program and mode, its warning/error findings or "quiet"."""
+    lines = ["| program | mode | findings of severity warning or error (kind, module, step: message) |",
+             "|---|---|---|"]
+    flagged: dict[str, set[str]] = {}
+    for row in sorted(rows, key=lambda r: (str(r["program"]), str(r["mode"]))):
+        faults = row["faults"]
+        assert isinstance(faults, list)
+        cells = [f"**{f['kind']}** ({f['severity']}), module {_module(f['module'])}, step {f['step']}: "
+                 f"{f['message']!s}".replace("|", "\\|").replace("<", "&lt;") for f in faults]
+        if row.get("error"):
+            cells.append(f"**raised** {row['error']}")
+        if cells:
+            flagged.setdefault(str(row["mode"]), set()).add(str(row["program"]))
+        lines.append(f"| {row['program']} | {row['mode']} | {'<br>'.join(cells) or 'quiet'} |")
+    programs = {str(r["program"]) for r in rows}
+    either = set().union(*flagged.values()) if flagged else set()
+    lines.append("")
+    for mode in sorted({str(r["mode"]) for r in rows}):
+        lines.append(f"- {mode}: {len(flagged.get(mode, set()))} / {len(programs)} programs with a warning or error")
+    lines.append(f"- either mode: {len(either)} / {len(programs)} programs with a warning or error")
+    return "\n".join(lines)
+
+
+def _module(module: object) -> str:
+    return "-" if module is None else "(root)" if module == "" else f"`{module}`"
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    text = pathlib.Path(sys.argv[1]).read_text()
+    print(render_table([json.loads(line) for line in text.splitlines() if line.strip()]))
