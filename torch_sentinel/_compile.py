@@ -33,7 +33,7 @@ from torch import nn
 
 from ._collect.collector import Collector, Fault
 from ._collect.ledger import FLOAT_MAX
-from ._collect.records import StepRecord
+from ._record import StepRecord
 from ._collect.transfer import AsyncFetch
 from ._errors import InstrumentationError, format_message
 from ._findings import BOUNDARIES

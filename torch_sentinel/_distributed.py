@@ -33,7 +33,7 @@ import torch.distributed as dist
 from ._collect.collector import Collector, Fault
 from ._collect.ledger import Ledger
 from ._collect.probe import Probe
-from ._collect.records import StepMeta, TensorEvidence
+from ._record import StepMeta, TensorEvidence
 from ._collect.rungs import Rung, slot_levels
 from ._collect.transfer import AsyncFetch
 from ._findings import Finding

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from torch_sentinel._collect.collector import Collector
-from torch_sentinel._collect.records import StepMeta, StepRecord
+from torch_sentinel._record import StepMeta, StepRecord
 from torch_sentinel._collect.rungs import LADDER
 from torch_sentinel._distributed import Priorities, describe
 from torch_sentinel.detectors.base import RunContext

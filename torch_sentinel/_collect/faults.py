@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .records import TensorEvidence
+from .._record import TensorEvidence
 
 __all__ = ["DATA_SHAPE_KEYS", "Fault", "weight_fault"]
 

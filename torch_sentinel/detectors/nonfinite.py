@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from .._collect.faults import DATA_SHAPE_KEYS, Fault, weight_fault
-from .._collect.records import StepRecord, TensorEvidence, shape_and_dtype
+from .._record import StepRecord, TensorEvidence, shape_and_dtype
 from .._collect.rungs import LADDER, first_bad, groups
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding

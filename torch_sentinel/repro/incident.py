@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepMeta
+from .._record import StepMeta
 from .._errors import NonFiniteError
 
 if TYPE_CHECKING:

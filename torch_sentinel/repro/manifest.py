@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._collect.records import StepRecord
+from .._record import StepRecord
 from .._collect.tensors import materialized
 from .seed import determinism_flags, last_seed
 

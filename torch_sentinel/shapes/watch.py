@@ -51,7 +51,7 @@ from torch.utils.hooks import RemovableHandle
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.hookset import HookSet, ModuleHook
 from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepMeta
+from .._record import StepMeta
 from .._collect.rerun import RngState, capture_rng, rerun_forward
 from .._collect.tensors import iter_tensors
 from .._errors import SentinelError, ShapeContractError

@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol
 
-from .._collect.records import StepRecord
+from .._record import StepRecord
 from .._findings import Finding
 
 __all__ = ["Sink", "SinkContext"]

@@ -12,7 +12,7 @@ import collections
 from collections.abc import Sequence
 from typing import Optional
 
-from .._collect.records import StepRecord
+from .._record import StepRecord
 from .._findings import Finding
 from .tensorboard import StepScalars
 

@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any, Optional
 
-from .._collect.records import StepRecord
+from .._record import StepRecord
 from .._findings import Finding
 from .base import SinkContext
 

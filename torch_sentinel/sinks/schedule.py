@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
-from .._collect.records import StepRecord
+from .._record import StepRecord
 from .._findings import Finding
 
 __all__ = ["EVENT_OVERHEAD_BYTES", "MODULE_BYTES_PER_STEP", "ModuleSchedule", "auto_interval"]

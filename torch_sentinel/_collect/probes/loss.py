@@ -17,7 +17,7 @@ import torch
 
 from ..faults import Fault
 from ..probe import Probe, ProbeHost
-from ..records import StepMeta, StepRecord
+from ..._record import StepMeta, StepRecord
 from ..tensors import tensor_evidence
 from ..transfer import read_now
 
