@@ -16,11 +16,10 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from ._collect.collector import Collector, Fault
+from ._collect.collector import Collector
 from ._collect.model_map import unwrap_model
 from ._collect.probe import Probe
 from ._collect.probes.clip import ClipProbe
-from ._record import StepRecord
 from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
 from ._errors import NonFiniteError, SentinelError, format_message
@@ -28,6 +27,8 @@ from ._findings import Finding
 from ._lifecycle import dump_state, forget, load_state
 from ._model_side import ModelSide, ModelSideHandle
 from ._options import Options, resolve_check_mode
+from ._record import StepRecord
+from ._record.fault import Fault
 from ._replicas import ReplicaCheck
 from .detectors import Detector, RunContext, default_detectors, install_probes
 from .detectors.nonfinite import NonFiniteDiagnosis, locate

@@ -31,12 +31,13 @@ from typing import Any, Optional
 import numpy as np
 from torch import nn
 
-from ._collect.collector import Collector, Fault
+from ._collect.collector import Collector
 from ._collect.ledger import FLOAT_MAX
-from ._record import StepRecord
 from ._collect.transfer import AsyncFetch
 from ._errors import InstrumentationError, format_message
 from ._findings import BOUNDARIES
+from ._record import StepRecord
+from ._record.fault import Fault
 from .detectors.nonfinite import locate
 
 __all__ = ["BLIND_HOOK_POLICIES", "HookLiveness", "first_fault_in_row"]

@@ -14,9 +14,12 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._errors import OptionError, format_message
+
+if TYPE_CHECKING:
+    from .detectors import Detector
 
 __all__ = [
     "CHECK_MODES",
@@ -44,7 +47,7 @@ _NOT_DISABLEABLE = {
 }
 
 
-def _detector_classes(extra: Iterable[Any] = ()) -> list[type]:
+def _detector_classes(extra: Iterable[Any] = ()) -> list[type[Detector]]:
     from .detectors import builtin_detectors
 
     return [*builtin_detectors(), *(type(d) for d in extra)]

@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 import torch_sentinel
-from torch_sentinel._collect.saturation import SaturatedFractions
-from torch_sentinel.facts import Activations
 from torch_sentinel._collect.probe import Probe, ProbeHost
+from torch_sentinel._collect.saturation import SaturatedFractions
 from torch_sentinel._record import StepRecord
+from torch_sentinel.facts import Activations
 
 
 class FailOnFlag(nn.Module):

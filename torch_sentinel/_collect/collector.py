@@ -26,13 +26,14 @@ import torch
 from torch import nn
 
 from .._errors import SentinelError
+from .._record import Fact, FactSources, StepMeta, StepRecord
+from .._record.fault import Fault
 from .batch import BatchedFractions, BatchedMax, OnBad
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
 from .dtypes import DtypePolicy
 from .entry import DataEntry
-from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
 from .listeners import (
@@ -55,20 +56,19 @@ from .probes import (
     StepProbe,
     UpdateProbe,
 )
-from .._record import Fact, FactSources, StepMeta, StepRecord
 from .replaced import Replacements
 from .rerun import RngState, capture_rng, rerun_forward
 from .rows import RowQueue
 from .schedule import ProbeTable
 from .scope import BackwardScope, OptimizerReach, register_params, unregister_params
 from .stepping import BackwardSteps, StepNumbering
-from .tensors import all_finite, iter_tensors, reducible, tensor_evidence
+from .tensors import all_finite, iter_tensors, reducible
 from .transfer import read_now
 from .unwatched import Unwatched
 from .unwatched import functorch_active as _functorch_active
 from .watching import ModuleWatch
 
-__all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence", "weight_fault"]
+__all__ = ["Collector"]
 
 class Collector:
     """Schedules the probes' events and owns the ledger and the host ring.

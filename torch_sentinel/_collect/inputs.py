@@ -17,10 +17,10 @@ from typing import Optional
 
 import torch
 
+from .._record import Fact, StepMeta, StepRecord
 from .cadence import sampled
 from .graph_taps import MaskTap
 from .probe import Probe, ProbeHost
-from .._record import Fact, StepMeta, StepRecord
 from .transfer import AsyncFetch
 
 __all__ = ["InputMoments", "InputStats"]

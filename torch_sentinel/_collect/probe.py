@@ -57,11 +57,11 @@ from torch import nn
 from .._record import Fact, FactSources
 
 if TYPE_CHECKING:
-    from .faults import Fault
+    from .._record import StepMeta, StepRecord
+    from .._record.fault import Fault
     from .hookset import HookSet
     from .ledger import Ledger
     from .model_map import ModelMap
-    from .._record import StepMeta, StepRecord
 
 __all__ = ["EVENTS", "Probe", "ProbeHost", "overrides"]
 
@@ -106,7 +106,7 @@ class ProbeHost(Protocol):
     traced: bool
     #: Optimizers (by id) that already stepped in the row in progress.
     stepped_optimizers: set[int]
-    #: Called with a :class:`~torch_sentinel._collect.faults.Fault` found in immediate mode.
+    #: Called with a :class:`~torch_sentinel._record.fault.Fault` found in immediate mode.
     on_fault: Callable[[Fault], None]
     #: Inside :meth:`rerun_forward`.
     rerunning: bool

@@ -31,12 +31,12 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from .._record import StepMeta
 from .cadence import WIDEN_AT
 from .compat import is_compiling as _is_compiling
 from .graph_taps import MaskTap, available
 from .patches import patch_for
 from .probe import Probe, ProbeHost
-from .._record import StepMeta
 from .transfer import AsyncFetch
 
 __all__ = ["ReluSite", "ReluWatch"]

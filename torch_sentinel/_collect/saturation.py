@@ -20,14 +20,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import numpy as np
-
 import torch
 from torch import nn
 
+from .._record import Fact, StepMeta, StepRecord
 from .batch import fraction
 from .cadence import sampled
 from .probe import Probe, ProbeHost
-from .._record import Fact, StepMeta, StepRecord
 
 __all__ = ["SaturatedFractions", "SaturationWatch"]
 

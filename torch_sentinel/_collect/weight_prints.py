@@ -16,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Sequence
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 
 from .._record import Fact, StepRecord

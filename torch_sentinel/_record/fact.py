@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Optional, TypeVar
 if TYPE_CHECKING:
     from .record import StepRecord
 
-__all__ = ["Fact", "FactSources", "F"]
+__all__ = ["F", "Fact", "FactSources"]
 
 
 class Fact:

@@ -64,9 +64,6 @@ class DeadReluDetector(Detector):
     def probes(self) -> Sequence[Probe]:
         return (self.watch,)
 
-    def probes(self) -> Sequence[Probe]:
-        return (self.watch,)
-
     def update(self, record: StepRecord) -> None:
         if self._first_step is None:
             self._first_step = record.step

@@ -18,7 +18,7 @@ parameter: one step could be a branch skipped by chance, five in a row is a wiri
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -55,7 +55,7 @@ class NoGradientDetector(Detector):
         #: Derived from the run (never checkpointed): the watched names, and their slots in a
         #: record layout.
         self._watched_cache: Optional[list[str]] = None
-        self._index_cache: Optional[tuple[list[str], np.ndarray, dict[str, int]]] = None
+        self._index_cache: Optional[tuple[Sequence[str], np.ndarray, dict[str, int]]] = None
         self._settled_cache: Optional[np.ndarray] = None
 
     def update(self, record: StepRecord) -> None:

@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Optional
 
-from .._collect.loss_inputs import BROADCAST_LOSSES, LOGIT_LOSSES, CompiledLoss, LossCall, LossInputRange
+from .._collect.loss_inputs import (
+    BROADCAST_LOSSES,
+    LOGIT_LOSSES,
+    CompiledLoss,
+    LossCall,
+    LossInputRange,
+)
 from .._findings import Finding
 from .._record import StepRecord
 from .base import Detector, Threshold

@@ -62,7 +62,7 @@ BOUNDARY_HYPOTHESES: dict[str, str] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _known() -> dict[str, KindInfo]:
     from ..detectors import builtin_detectors
 

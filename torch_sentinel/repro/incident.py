@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from .._collect.probe import Probe, ProbeHost
-from .._record import StepMeta
 from .._errors import NonFiniteError
+from .._record import StepMeta
 
 if TYPE_CHECKING:
     from .._api import Sentinel

@@ -20,8 +20,8 @@ from .._collect.probes.forward import Activations
 from .._collect.probes.norms import GradNorms, WeightNorms
 from .._collect.probes.updates import UpdateNorms
 from .._collect.rungs import nonfinite_counts
-from .._record import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 from ..diagnosis.ladder import hypothesis_for, kind_info, next_check_for
 from .base import SinkContext
 from .schedule import ModuleSchedule, module_tag_bytes

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..._record import Fact, StepRecord
+from ..._record.fault import Fault
 from ..cadence import sampled
-from ..faults import Fault
 from ..probe import Probe, ProbeHost
 from ..tensors import STANDARD_LAYERS, tensor_evidence
 
@@ -93,15 +93,10 @@ class OutputGradProbe(Probe):
         host = self.host
         if not host.meta.amp:
             names = host.module_names
-            culprit: Optional[str] = None
-            if previous is None:
-                detail = {"incoming_to": names[slot], "source": "loss backward"}
-            else:
-                culprit = names[previous]
-                detail = {"incoming_to": names[slot], "source": "module backward"}
-            detail["located_by"] = (f"first non-finite output gradient in backward order among the batched "
-                                    f"checks of step {host.step}")
-            host.on_fault(Fault(host.step, "gradients", culprit, tensor_evidence(grad), detail))
+            host.on_fault(Fault.output_gradient(
+                host.step, names[slot], names[previous] if previous is not None else None, tensor_evidence(grad),
+                located_by=f"first non-finite output gradient in backward order among the batched checks of "
+                           f"step {host.step}"))
 
 
 def _output_gradients(record: StepRecord) -> Optional[OutputGradients]:
