@@ -25,6 +25,7 @@ from ._distributed import RankSync, gather_findings
 from ._errors import NonFiniteError, SentinelError, format_message
 from ._findings import Finding
 from ._lifecycle import dump_state, forget, load_state
+from ._lockstep import Lockstep
 from ._model_side import ModelSide, ModelSideHandle
 from ._options import Options, resolve_check_mode
 from ._record import StepRecord
@@ -113,12 +114,14 @@ class Sentinel(ModelSideHandle):
         install_probes(c, side.detectors)
         # After the core width: norms before clipping, from the loop's own clip calls.
         c.add_probe(ClipProbe())
-        # Under torch.distributed, ranks agree on non-finite faults before anyone raises.
+        # Under torch.distributed, ranks agree on non-finite faults before anyone raises, and
+        # compare replicas every `replica_check_every` steps (_replicas/), at the training
+        # forwards of `model`, which every rank runs alike (_lockstep.py).
+        side.lockstep = Lockstep.maybe(model, c)
         side.ranks = RankSync.maybe(
-            options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
+            options.sync_ranks, side.lockstep, c, c.forward_order, self._core_width, self._handle_agreed_fault
         )
-        # Data-parallel replicas are compared every `replica_check_every` forwards (_replicas/).
-        ReplicaCheck.maybe(model, c, options, side.detectors, self._record_finding)
+        ReplicaCheck.maybe(model, side.lockstep, c, options, side.detectors, self._record_finding, side.ranks)
         # It keeps the modules (to drop their compiled code): model side.
         side.liveness = HookLiveness.for_collector(
             c, context.param_owner, self._model_name, options.blind_hooks
@@ -222,8 +225,6 @@ class Sentinel(ModelSideHandle):
             self._flushing = True
             try:
                 self._collector.drain(block=True)
-                if self._ranks is not None:
-                    self._ranks.settle()
                 pending = self._collector.take_pending_validation()
                 if pending is not None:
                     self._on_record(pending)
@@ -278,14 +279,19 @@ class Sentinel(ModelSideHandle):
 
         Under torch.distributed (with ``sync_ranks``), the findings of every rank are gathered,
         so ``report()`` is a collective there: call it on every rank, or pass
-        ``all_ranks=False`` for this rank's findings only.
+        ``all_ranks=False`` for this rank's findings only. As a collective it also runs the
+        last cross-rank agreement (it may raise the NonFiniteError of the last steps on every
+        rank) and the last replica check (_lockstep.py).
         """
         self.flush()
+        if all_ranks is None:
+            all_ranks = self._ranks is not None
+        lockstep = self._lockstep
+        if all_ranks and lockstep is not None and not self._detached:
+            lockstep.at_report()
         for d in self._detectors:
             self._finish_detector(d)
         findings = list(self._findings)
-        if all_ranks is None:
-            all_ranks = self._ranks is not None
         if all_ranks:
             findings = gather_findings(findings)
         return Report(findings=findings, steps=self.step, notes=list(self._notes))

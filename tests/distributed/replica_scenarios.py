@@ -9,6 +9,7 @@ at the start of steps 0, 3, 6 and 9: a fault at step 4 or 5 is first seen at ste
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -260,6 +261,14 @@ SCENARIOS: dict[str, Callable[[int, dict[str, Any], dict[str, Any]], None]] = {
 
 
 # ---------------------------------------------------------------------------- harness
+def _scenario(name: str) -> Callable[[int, dict[str, Any], dict[str, Any]], None]:
+    """A scenario of this module by name, or of another one as ``"module:function"``."""
+    if ":" not in name:
+        return SCENARIOS[name]
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+
+
 def worker(rank: int, port: int, out: str, plan: list[tuple[str, str, dict[str, Any]]]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -271,7 +280,7 @@ def worker(rank: int, port: int, out: str, plan: list[tuple[str, str, dict[str, 
             results[name] = result
             started = time.perf_counter()
             try:
-                SCENARIOS[scenario](rank, result, kwargs)
+                _scenario(scenario)(rank, result, kwargs)
                 result["seconds"] = round(time.perf_counter() - started, 2)
             except BaseException:
                 result["crash"] = traceback.format_exc()
@@ -282,15 +291,17 @@ def worker(rank: int, port: int, out: str, plan: list[tuple[str, str, dict[str, 
         dist.destroy_process_group()
 
 
-def run_ranks(out: Path, plan: list[tuple[str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Run the plan's scenarios in order on WORLD spawned gloo ranks (one spawn for all)."""
+def run_ranks(out: Path, plan: list[tuple[str, str, dict[str, Any]]],
+              timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Run the plan's scenarios in order on WORLD spawned gloo ranks (one spawn for all); a
+    rank still running after ``timeout_s`` is killed and the run fails (TimeoutError)."""
     ctx = mp.start_processes(worker, args=(free_port(), str(out), plan), nprocs=WORLD, join=False,
                              start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=1):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks hung for {TIMEOUT_S}s (a rank waits on a collective)")
+                raise TimeoutError(f"ranks hung for {timeout_s}s (a rank waits on a collective)")
     finally:
         for p in ctx.processes:
             if p.is_alive():

@@ -251,7 +251,8 @@ def test_every_rank_raises_at_the_faulty_step(runs: dict[str, Any], name: str, b
     for r in _results(runs, name):
         assert r.get("raised"), f"rank {r['rank']} did not raise: {r}"
         assert r["step"] == 3
-        assert r["at"] == 4  # both raised at the end of step 3's optimizer step, not later
+        assert r["at"] == 4  # both raised at step 4's training forward (the next lockstep point)
+        assert r["last_step"] == 3
         assert r["rank_blamed"] == 1
         assert r["boundary"] == boundary
         assert r["module"] == module

@@ -22,9 +22,9 @@ FAULTS: dict[str, dict[str, Any]] = {
     # that no forward runs on it first (it would overflow, and the NaN agreement would raise)
     "exponent-msb-flip": {"fault": "flip", "bad": 1, "at": 5, **FC1, "index": 20000, "bit": 30},
     "mantissa-lsb-flip": {"fault": "flip", "bad": 2, "at": 4, **FC1, "index": 777, "bit": 0},
-    # sync_ranks=False: the per-row NaN agreement is not lockstep when a rank skips step()
-    # (gloo aborts the job; see the report)
-    "skipped-step": {"fault": "skip", "bad": 1, "at": 4, "sync_ranks": False},
+    # with the defaults (sync_ranks=True): the agreement's collective runs at training
+    # forwards, which the rank that skipped step() runs like the others
+    "skipped-step": {"fault": "skip", "bad": 1, "at": 4},
     "grad-after-allreduce": {"fault": "grad", "bad": 3, "at": 4, **FC1, "index": 31000},
     "unused-parameter": {"fault": "add", "bad": 0, "at": 4, "parameter": "spare", "index": 500},
     "adam-moment": {"fault": "add", "bad": 2, "at": 5, "parameter": "fc2.weight", "state": "exp_avg",
