@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["megatron_check"]
+__all__ = ["megatron_check", "sha1_only"]
 
 
 def megatron_check(params: Sequence[torch.Tensor], group: Any = None) -> bool:
@@ -28,3 +28,9 @@ def megatron_check(params: Sequence[torch.Tensor], group: Any = None) -> bool:
     gathered = [torch.zeros_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)
     return bool(torch.equal(local, gathered[0]))
+
+
+def sha1_only(params: Sequence[torch.Tensor]) -> list[bytes]:
+    """The Megatron path's host work alone: the CPU copy and the SHA-1 of each parameter."""
+    arrays: list[Any] = [p.data.to("cpu").float().numpy(force=True) for p in params]
+    return [hashlib.sha1(a).digest() for a in arrays]

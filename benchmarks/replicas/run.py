@@ -1,4 +1,5 @@
-"""Time one replica check against the Megatron-style path, and the default cadence's cost.
+"""Time one replica check against the Megatron-style path, the agreement's per-forward
+collective, and the default cadence's cost.
 
 Method (every rank runs the same program; times are the slowest rank's, since everyone waits
 for it in the collectives):
@@ -7,11 +8,16 @@ for it in the collectives):
    default) is wrapped in DDP and trained a few steps with AdamW. Then, in interleaved rounds
    (the order rotating each round), each of these runs once on every rank after a barrier:
    this check on the parameters (``_replicas.compare.Comparison``, exactly what a check step
-   runs: fingerprints, header and fingerprint gathers, the vote), the same with the AdamW
-   state, and the Megatron-style path on the parameters (``baseline.py``: CPU copy, SHA-1,
-   all-gather of the digests over gloo). Reported: medians, and the median of the per-round
-   ratios Megatron / check. Target: the check at most 1/50 of the Megatron path.
-2. **The default cadence.** Two DDP copies of the model train side by side, alternating step by
+   runs: fingerprints, the gather, the vote), the same with the AdamW state, the Megatron-style
+   path on the parameters (``baseline.py``: CPU copy, SHA-1, all-gather of the digests over
+   gloo), and three pieces: the fingerprints alone (device work, no collective), SHA-1 alone
+   (Megatron's host work, no gather), and the memory-bandwidth floor (``x.sum()`` over the same
+   tensors: what any check that reads every byte pays at least). Reported: medians, and the
+   median of the per-round ratios Megatron / check. Target: the check at most 1/50 of the
+   Megatron path. Without a GPU, ``estimate.py`` derives the GPU figures from these pieces
+   (labelled as an estimate).
+2. **The agreement** (``agreement.py``): one lockstep point, alone and in situ.
+3. **The default cadence.** Two DDP copies of the model train side by side, alternating step by
    step: one bare, one attached with ``replica_check_every=--check-every``. The cost of a check
    inside a training step is the median time of the attached copy's check steps minus that of
    its other steps; the default cadence adds that cost once every 200 steps, so its share is
@@ -41,7 +47,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .. import models as bench_models
-from .baseline import megatron_check
+from .agreement import agreement
+from .baseline import megatron_check, sha1_only
+from .estimate import gpu_estimate
 
 __all__ = ["Config", "main", "run"]
 
@@ -59,6 +67,8 @@ class Config:
     steps: int = 60
     #: Cadence of the attached copy in the cadence section (a check's cost does not depend on it).
     check_every: int = 10
+    #: Timed forwards of each copy in the agreement section.
+    forwards: int = 200
     threads: int = 1
     tiny: bool = False
     out: str = RESULTS_DIR
@@ -107,7 +117,9 @@ def _ddp(cfg: Config, device: torch.device, rank: int) -> tuple[torch.nn.Module,
 
 def _one_check(cfg: Config, device: torch.device, rank: int, gloo: Any) -> dict[str, Any]:
     from torch_sentinel._replicas.compare import Comparison
+    from torch_sentinel._replicas.fingerprint import ROW, Marker
     from torch_sentinel._replicas.plan import build_plan
+    from torch_sentinel.testing import count_launches
 
     model, wl, opt = _ddp(cfg, device, rank)
     for i in range(3):
@@ -118,12 +130,18 @@ def _one_check(cfg: Config, device: torch.device, rank: int, gloo: Any) -> dict[
     params = [p for _, p in group.params]
     checks = {"check": Comparison(group, [], "exact", 1e-5, lambda p: None),
               "check_with_adamw_state": Comparison(group, [opt], "exact", 1e-5, lambda p: None)}
+    marker = Marker(scale=False)
     variants: dict[str, Callable[[], Any]] = {
         "check": lambda: checks["check"].run(3),
         "check_with_adamw_state": lambda: checks["check_with_adamw_state"].run(3),
         "megatron": lambda: megatron_check(params, gloo),
+        "fingerprints": lambda: marker.rows(params, group.device),
+        "sha1": lambda: sha1_only(params),
+        "floor": lambda: [p.detach().sum() for p in params],
     }
     assert all(not checks[k].run(3).differing for k in checks) and megatron_check(params, gloo)
+    with count_launches() as launches:
+        checks["check"].run(3)
     clock = _Clock(device, gloo)
     times: dict[str, list[float]] = {k: [] for k in variants}
     names = list(variants)
@@ -131,12 +149,16 @@ def _one_check(cfg: Config, device: torch.device, rank: int, gloo: Any) -> dict[
         for name in names[r % len(names):] + names[: r % len(names)]:
             times[name].append(clock.time(variants[name]))
     ratios = [m / c for m, c in zip(times["megatron"], times["check"])]
+    bound = [s / f for s, f in zip(times["sha1"], times["floor"])]
     return {
         "parameters": sum(p.numel() for p in params),
         "megabytes": sum(p.numel() * p.element_size() for p in params) / 2**20,
         "tensors": len(params),
+        "large_tensors": sum(p.numel() >= ROW for p in params),
+        "launches": launches.count,
         "median_ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
         "megatron_over_check": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+        "sha1_over_floor": statistics.median(bound),
     }
 
 
@@ -191,10 +213,14 @@ def _worker(rank: int, port: int, cfg_dict: dict[str, Any], out: str) -> None:
     gloo = dist.new_group(backend="gloo") if nccl else None  # Megatron hashes over a gloo group
     try:
         one = _one_check(cfg, device, rank, gloo)
+        points = agreement(cfg.model, device, _Clock(device, None), cfg.forwards)
         cadence = _cadence(cfg, device, rank, gloo)
         cost = max(cadence["check_cost_ms"], one["median_ms"]["check_with_adamw_state"])
         cadence["share_at_default_cadence"] = cost / (DEFAULT_CADENCE * cadence["bare_step_ms"])
-        result = {"one_check": one, "cadence": cadence}
+        points["share_of_bare_step"] = points["point_ms"] / cadence["bare_step_ms"]
+        result = {"one_check": one, "agreement": points, "cadence": cadence}
+        if device.type != "cuda":
+            result["gpu_estimate"] = gpu_estimate(one)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(result, f)
@@ -216,8 +242,32 @@ def run(cfg: Config) -> dict[str, Any]:
     return result
 
 
+def _estimate_lines(est: dict[str, Any]) -> list[str]:
+    a = est["assumed"]
+    rows = []
+    for label, key in (("the benchmark model", "benchmark_model"), ("a 7B-parameter bf16 model", "7b_bf16")):
+        c = est[key]
+        rows.append(f"| {label} ({c['bytes'] / 2**20:,.0f} MB, {c['tensors']} tensors) | "
+                    f"{c['megatron_ms']:,.1f} | {c['check_ms']:,.2f} | {c['ratio']:,.0f} |")
+    return [
+        "### ESTIMATE for a GPU (not measured: no GPU in this run)",
+        "",
+        f"From this run: SHA-1 on the host at {est['sha1_mb_s']:,.0f} MB/s, {est['launches_per_tensor']:.2f} "
+        "launches per tensor for one check. Assumed: device-to-host copies at "
+        f"{a['d2h_gb_s']:g} GB/s (pageable), HBM reads at {a['hbm_gb_s']:g} GB/s, {a['launch_us']:g} us "
+        f"per launch, {a['collective_us']:g} us for the check's gather and host read. Megatron hashes "
+        "float32 copies (bf16 doubles); the estimate leaves out its host float conversion and "
+        "per-tensor synchronisations (in its favour).",
+        "",
+        "| model | Megatron-style ms (copy + SHA-1) | this check ms | ratio |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
 def to_markdown(r: dict[str, Any]) -> str:
-    one, cad, cfg = r["one_check"], r["cadence"], r["config"]
+    one, cad, cfg, pts = r["one_check"], r["cadence"], r["config"], r["agreement"]
     ms, ratio = one["median_ms"], one["megatron_over_check"]
     lines = [
         f"### One replica check vs the Megatron-style path ({cfg['model']}, {one['parameters']:,} parameters "
@@ -225,15 +275,37 @@ def to_markdown(r: dict[str, Any]) -> str:
         "",
         "| path | median ms | x this check |",
         "|---|---|---|",
-        f"| this check, parameters | {ms['check']:.2f} | 1 |",
+        f"| this check, parameters ({one['launches']} launches) | {ms['check']:.2f} | 1 |",
         f"| this check, parameters + AdamW state | {ms['check_with_adamw_state']:.2f} | "
         f"{ms['check_with_adamw_state'] / ms['check']:.2f} |",
         f"| Megatron-style: CPU copy + SHA-1 + all-gather, parameters | {ms['megatron']:.2f} | "
         f"{ms['megatron'] / ms['check']:.1f} |",
+        f"| piece: the fingerprints alone (device work) | {ms['fingerprints']:.2f} | "
+        f"{ms['fingerprints'] / ms['check']:.2f} |",
+        f"| piece: SHA-1 alone (Megatron's host work) | {ms['sha1']:.2f} | {ms['sha1'] / ms['check']:.1f} |",
+        f"| floor: `x.sum()` over the same tensors (memory bandwidth) | {ms['floor']:.2f} | "
+        f"{ms['floor'] / ms['check']:.2f} |",
         "",
         f"Megatron / check per round (interleaved, {cfg['rounds']} rounds): median {ratio['median']:.1f}, "
         f"min {ratio['min']:.1f}, max {ratio['max']:.1f}. Target: >= 50 "
-        f"({'met' if ratio['median'] >= 50 else 'not met'}).",
+        f"({'met' if ratio['median'] >= 50 else 'not met'}). SHA-1 / floor per round: median "
+        f"{one['sha1_over_floor']:.1f}: on {cfg['device']}, no check that reads every byte can be more "
+        "than that much faster than hashing the same bytes.",
+        "",
+    ]
+    if "gpu_estimate" in r:
+        lines += _estimate_lines(r["gpu_estimate"])
+    lines += [
+        "### The agreement's collective, per training forward",
+        "",
+        "| all_reduce of 16 bytes alone ms | forward, sync_ranks=True ms | forward, sync_ranks=False ms | "
+        "one point ms | share of a bare step of the benchmark model |",
+        "|---|---|---|---|---|",
+        f"| {pts['allreduce_16b_ms']:.3f} | {pts['forward_ms']['sync_ranks']:.3f} | "
+        f"{pts['forward_ms']['without']:.3f} | {pts['point_ms']:.3f} | {100 * pts['share_of_bare_step']:.3f}% |",
+        "",
+        f"{pts['forwards']} forwards of each copy of the tiny model under `no_sync` (the open row reduced at "
+        "every point, as with gradient accumulation); with k micro-batches a step has k points.",
         "",
         f"### The default cadence (every {DEFAULT_CADENCE} steps) in a DDP training step",
         "",
@@ -259,13 +331,14 @@ def parse(argv: Optional[Sequence[str]]) -> Config:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--check-every", type=int, default=10)
+    p.add_argument("--forwards", type=int, default=200, help="timed forwards per copy (agreement)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tiny", action="store_true", help="tiny model: a smoke test, not a measurement")
     p.add_argument("--out", default=RESULTS_DIR)
     a = p.parse_args(argv)
     world = a.world or (max(torch.cuda.device_count(), 2) if a.device == "cuda" else 2)
     return Config(device=a.device, world=world, model=a.model, rounds=a.rounds, steps=a.steps,
-                  check_every=a.check_every, threads=a.threads, tiny=a.tiny, out=a.out)
+                  check_every=a.check_every, forwards=a.forwards, threads=a.threads, tiny=a.tiny, out=a.out)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_sentinel._replicas.fingerprint import Marker, flat, word_sum
+from torch_sentinel._replicas.fingerprint import ROW, Marker, flat, word_sum
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 WORDS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16,
@@ -38,45 +38,72 @@ def test_every_single_bit_flip_changes_the_integer_sum(dtype: torch.dtype) -> No
             assert int(word_sum(flat(_flipped(t, index, bit)))) != base, (bit, index)
 
 
-def test_two_flips_that_cancel_in_the_integer_sum_show_in_the_projection() -> None:
-    t = torch.tensor([1.0, 1.0, 0.5, 0.25], dtype=torch.float32)
-    words = t.view(torch.int32)
-    words[0] += 1  # the mantissa LSB of one value goes up...
-    words[1] -= 1  # ...and of another goes down: the integer sum is unchanged
-    marker = Marker()
-    before = marker.marks(flat(torch.tensor([1.0, 1.0, 0.5, 0.25])))
-    after = marker.marks(flat(t))
-    assert after[0] == before[0]
-    signs = marker._on(torch.device("cpu")).signs[:2]
-    if signs[0] != signs[1]:
-        assert after[1] != before[1]
-    else:  # the +-1 vector gives both elements the same sign: the float sum cancels too
-        assert after[1] == before[1]
+@pytest.mark.parametrize("bit", [0, 12, 30], ids=["lsb", "mantissa-12", "exponent-msb"])
+def test_two_flips_that_cancel_in_the_integer_sum_show_in_the_projection(bit: int) -> None:
+    # Exact mode weighs the words by the +-1 vector. Bit `bit` goes up in word i (in the last,
+    # partial row) and down in word j: the plain sum is blind; the projection moves by
+    # 2 * 2^bit when i and j got opposite signs, and cancels too when they got the same sign
+    # (so half of such pairs, at random positions, go unseen).
+    g = torch.Generator().manual_seed(1)
+    words = torch.randint(-(1 << 31), (1 << 31) - 1, (3 * ROW + 100,), generator=g, dtype=torch.int64)
+    words = words.to(torch.int32)
+    marker = Marker(scale=False)
+    signs = marker.signs(torch.device("cpu"), torch.int32)[:ROW]
+    i = 3 * ROW + 10
+    for j, seen in ((next(j for j in range(ROW) if signs[j] != signs[i % ROW]), True),
+                    (next(j for j in range(ROW) if signs[j] == signs[i % ROW]), False)):
+        t = words.clone()
+        t[i] &= ~(1 << bit)
+        t[j] |= 1 << bit
+        changed = t.clone()
+        changed[i] |= 1 << bit
+        changed[j] &= ~(1 << bit)
+        before = marker.marks(flat(t.view(torch.float32)))
+        after = marker.marks(flat(changed.view(torch.float32)))
+        assert after[0] == before[0]  # the integer sum is blind to the pair
+        assert bool(after[1] != before[1]) is seen, (j, bit)
+        assert after[2] == before[2] == 0  # exact mode sends no scale
 
 
-def test_projection_sees_a_one_ulp_change_in_a_large_tensor() -> None:
+@pytest.mark.parametrize("bit", [0, 16, 30], ids=["lsb", "mantissa-16", "exponent-msb"])
+def test_exact_fingerprint_sees_any_single_flip_in_a_large_tensor(bit: int) -> None:
+    t = _values(torch.float32, n=(1 << 20) + 77)
+    marker = Marker(scale=False)
+    before = marker.marks(flat(t))
+    for index in (0, 123_457, (1 << 20) + 50):  # a full row, a middle one, the partial last row
+        after = marker.marks(flat(_flipped(t, index, bit)))
+        assert after[0] != before[0] and after[1] != before[1], index  # +-2^bit in both sums
+
+
+def test_tolerance_projection_sees_a_change_above_float32_rounding() -> None:
+    # Tolerance mode sums rows of float32 products in float32: a 1-ulp change may round away
+    # (the integer sum still sees it), a change of 2^-10 of one element does not.
     t = _values(torch.float32, n=1 << 20)
     marker = Marker()
     before = marker.marks(flat(t))
-    after = marker.marks(flat(_flipped(t, 123_457, 0)))
+    after = marker.marks(flat(_flipped(t, 123_457, 13)))
     assert (after != before).all()  # bits, the float64 projection, and the sum of squares
+    lsb = marker.marks(flat(_flipped(t, 123_457, 0)))
+    assert lsb[0] != before[0] and lsb[2] != before[2]
 
 
-def test_same_bits_same_fingerprint_whatever_the_thread_count() -> None:
+@pytest.mark.parametrize("scale", [False, True], ids=["exact", "tolerance"])
+def test_same_bits_same_fingerprint_whatever_the_thread_count(scale: bool) -> None:
     t = _values(torch.float32, n=300_001)
     previous = torch.get_num_threads()
     try:
         rows = []
         for threads in (1, 2, 4):
             torch.set_num_threads(threads)
-            rows.append(Marker().marks(flat(t)).tolist())
+            rows.append(Marker(scale).marks(flat(t)).tolist())
     finally:
         torch.set_num_threads(previous)
     assert rows[0][:2] == rows[1][:2] == rows[2][:2]  # bits and projection: compared exactly
 
 
-def test_pieces_and_odd_dtypes() -> None:
-    marker = Marker()
+@pytest.mark.parametrize("scale", [False, True], ids=["exact", "tolerance"])
+def test_pieces_and_odd_dtypes(scale: bool) -> None:
+    marker = Marker(scale)
     for t in (torch.ones(5, dtype=torch.bool), torch.arange(7), torch.randn(3, 2, dtype=torch.complex64),
               torch.empty(0)):
         row = marker.marks(flat(t))

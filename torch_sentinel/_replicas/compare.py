@@ -1,12 +1,13 @@
-"""One comparison of one replica group: fingerprints, two gathers, the vote, the bisection.
+"""One comparison of one replica group: fingerprints, one gather, the vote, the bisection.
 
-1. Each rank fingerprints its tensors (device work) and sends a header: the checksums of its
-   parameter and optimizer-state layouts, its tensor count and its optimizer step count, with
-   the status word of :mod:`.exchange`.
-2. If the layouts agree, the fingerprint rows are gathered (one collective, ~24 bytes a tensor)
-   and compared. If the optimizer state holds other tensors on some rank (a rank that skipped
-   the very first step has no Adam moments yet), only the parameters' rows are gathered, and
-   the per-parameter state layouts say where the state differs.
+1. Each rank fingerprints its tensors (device work) and sends, in one collective, a header (the
+   checksums of its parameter and optimizer-state layouts, its tensor count and its optimizer
+   step count, with the status word of :mod:`.exchange`) and its fingerprint rows (16 bytes a
+   tensor in exact mode, 24 in tolerance mode), as many as the last check agreed on.
+2. If every rank sent that many rows, they are compared at once. Otherwise (Adam's state
+   appeared after the first step, or a rank that skipped the very first step has none yet) a
+   second gather sends the rows every rank has: all of them if the state layouts agree, else the
+   parameters' only, and the per-parameter state layouts say where the state differs.
 3. The first differing tensor (parameters before optimizer state) is voted on and bisected.
 
 Every decision reads gathered data only, so every rank of the group takes the same path.
@@ -69,6 +70,9 @@ class Comparison:
         self.rtol = rtol
         self.owner = owner
         self.marker = Marker(scale=mode == "tolerance")
+        #: Rows every rank sends with its header: the count the last check agreed on (a rank
+        #: whose count differs sends zeros, and its header makes every rank gather again).
+        self._expected = len(group.params)
 
     def _gather(self, compute: Callable[[], torch.Tensor], shape: tuple[int, ...], what: str) -> np.ndarray:
         g = self.group
@@ -92,13 +96,19 @@ class Comparison:
     def _run(self, step: int, skip: Callable[[str], bool], last_agreeing: Optional[int]) -> Outcome:
         g = self.group
         mine: dict[str, object] = {}
+        expected = self._expected
 
-        def header() -> torch.Tensor:
+        def payload() -> torch.Tensor:
             snap = g.snapshot(self.optimizers)
-            mine["snap"], mine["rows"] = snap, self.marker.rows(snap.tensors, g.device)
-            return torch.tensor([snap.param_layout, snap.state_layout, len(snap.tensors), step])
+            rows = self.marker.rows(snap.tensors, g.device)
+            mine["snap"], mine["rows"] = snap, rows
+            head = torch.tensor([snap.param_layout, snap.state_layout, len(snap.tensors), step], device=g.device)
+            if rows.shape[0] != expected:  # this rank's tensors changed: the header says so
+                rows = torch.zeros((expected, 3), dtype=torch.int64, device=g.device)
+            return torch.cat([head, rows.reshape(-1)])
 
-        heads = self._gather(header, (4,), "fingerprints")
+        got = self._gather(payload, (4 + 3 * expected,), "fingerprints")
+        heads = got[:, :4]
         snap, rows = mine["snap"], mine["rows"]
         assert isinstance(snap, Snapshot) and isinstance(rows, torch.Tensor)
         steps = {g.ranks[i]: int(heads[i, 3]) for i in range(g.size)}
@@ -114,7 +124,11 @@ class Comparison:
             return outcome
         layouts_agree = bool((heads[:, 1] == heads[0, 1]).all())
         n = len(snap.tensors) if layouts_agree else snap.params
-        gathered = self._gather(lambda: rows[:n], (n, 3), "fingerprints")
+        if (heads[:, 2] == expected).all():
+            gathered = got[:, 4:].reshape(g.size, expected, 3)[:, :n]  # one gather did it all
+        else:  # some rank's tensors changed (Adam's state appeared after the first step)
+            gathered = self._gather(lambda: rows[:n], (n, 3), "fingerprints")
+        self._expected = n
         diff = [int(i) for i in differing(gathered, self.mode, self.rtol)]
         names = [snap.tracked[i].name for i in diff]
         state_diff: list[int] = []

@@ -1,44 +1,54 @@
 """Fingerprints of tensors, computed on the tensors' own device: no host copy of the values.
 
 A fingerprint is three numbers, kept as one int64 row so that one collective carries any number
-of them:
+of them. Everything starts from the tensor's bit pattern read as integer words (float32 as
+int32; pairs of bf16/fp16 values as int32 when they align, else int16; float64 as int64), viewed
+as rows of :data:`ROW` words, and **one pass** over it: the column sums (``sum(dim=0)``, read
+only, no temporary the size of the tensor). The words are summed in their own width (a wider
+accumulator would make torch convert every word first), so every sum wraps: modular addition
+does not depend on the order of the terms, so every rank, every thread count and every kind of
+device gets the same sums for the same bits. From the ``ROW`` column sums (and the words of the
+last partial row):
 
-- ``bits``: the sum of the tensor's bit pattern, read as integer words (float32 as int32; pairs
-  of bf16/fp16 values as int32 when they align, else int16; float64 as int64). The words are
-  summed in their own width, so the sum wraps (two's complement): modular addition does not
-  depend on the order of the terms, so every rank, every thread count and every device gets the
-  same sum for the same bits, and any single flipped bit changes it (by +-2^k, never 0 modulo
+- ``bits``: the sum of every word. Any single flipped bit changes it (by +-2^k, never 0 modulo
   the word width).
-- ``dot``: the float64 dot product of the values with a seeded +-1 vector (its bits, as int64).
-  It catches what the integer sum cancels (two flips of the same bit in opposite directions),
-  and it is what tolerance mode compares. The values are converted to float64 a chunk at a
-  time in a reused scratch buffer (the memory cost is two chunks, not a copy of the tensor), and
-  each chunk's products are summed by torch's own reduction (not BLAS, whose sum order depends
-  on the thread count), so the same bits give the same float on the same kind of device.
-- ``sq``: the float64 sum of squares (its bits, as int64): the scale of the tensor, against
-  which tolerance mode measures a difference of ``dot``. Exact mode does not need it and sends
-  0 (16 bytes of fingerprint a tensor, one pass less).
+- ``dot`` (exact mode): the sum of the words weighted by a seeded +-1 vector of ``ROW`` elements,
+  repeated along the tensor (weighting the column sums is the same). It catches half of what
+  ``bits`` cancels (two flips of the same bit in opposite directions, where the two positions
+  got opposite signs).
 
-The +-1 vector has the length of one chunk and repeats for every chunk.
+Tolerance mode compares values, not bits, so there ``dot`` is the float dot product of the
+values with the same +-1 vector (its float64 bits, as int64): each row summed by one thread in a
+fixed order in float32 (float64 for float64 tensors), the row sums in float64, in a fixed order
+too, so the same bits give the same float on the same kind of device whatever the thread count,
+with no BLAS call (whose order follows the thread count) and no float64 copy of the tensor. And
+``sq``, the float64 sum of squares, from one ``_foreach_norm`` over every tensor: the scale
+against which a difference of ``dot`` is measured. Exact mode sends 0 there.
+
+Per tensor in exact mode: the column sums, and 2 kernels over ``ROW`` elements (1 more when the
+size is not a multiple of ``ROW``); then one stack and one conversion for all tensors at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 
 from .._collect.shards import local
 
-__all__ = ["SEED", "Marker", "flat", "word_sum"]
+__all__ = ["ROW", "SEED", "Marker", "flat", "word_sum"]
 
 #: Seed of the +-1 vector: the same on every rank, so no rank has to send it.
 SEED = 0x5E171E1
 
-#: Elements converted to float64 at a time: a chunk and its products stay in a CPU's L2 cache;
-#: on accelerators larger chunks mean fewer kernel launches (2 x 8 MB of scratch).
-_CHUNK = {"cpu": 1 << 15}
-_CHUNK_DEFAULT = 1 << 20
+#: Elements per row of the projection: a row and its products stay in a CPU's L1/L2 cache, and
+#: one thread sums it; accelerators reduce many such rows in one kernel.
+ROW = 4096
+#: Below this many elements torch sums a vector on one CPU thread (``at::internal::GRAIN_SIZE``):
+#: the row sums are added in pieces of this size, so their order does not follow the thread count.
+_SERIAL = 32768
 
 _WORDS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -51,82 +61,177 @@ def flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1)
 
 
-def word_sum(values: torch.Tensor) -> torch.Tensor:
-    """The wrapping sum of the bit pattern of a 1-D tensor, as an int64 0-d tensor (device op)."""
+def _words(values: torch.Tensor) -> torch.Tensor:
+    """``values`` viewed as integer words (16-bit pairs as int32 where they align)."""
     size = values.element_size()
     words_dtype = _WORDS[size]
     if size < 4 and (values.numel() * size) % 4 == 0 and (values.storage_offset() * size) % 4 == 0:
         words_dtype = torch.int32  # pairs of 16-bit values: a wider word, fewer collisions
     if values.dtype == torch.bool:
         values = values.view(torch.int8)
-    words = values.view(words_dtype)
-    return words.sum(dtype=words_dtype).to(torch.int64)
+    return values.view(words_dtype)
 
 
-class _Scratch:
-    """The +-1 vector and two float64 buffers of one chunk on one device."""
+def _word_sum(values: torch.Tensor) -> torch.Tensor:
+    """The wrapping sum of the bit pattern of a 1-D tensor, in the words' own width."""
+    words = _words(values)
+    return words.sum(dtype=words.dtype)
 
-    def __init__(self, device: torch.device) -> None:
-        self.chunk = _CHUNK.get(device.type, _CHUNK_DEFAULT)
-        g = torch.Generator().manual_seed(SEED)
-        signs = torch.randint(0, 2, (self.chunk,), generator=g).to(torch.float64).mul_(2).sub_(1)
-        self.signs = signs.to(device)
-        self.values = torch.empty(self.chunk, dtype=torch.float64, device=device)
-        self.products = torch.empty(self.chunk, dtype=torch.float64, device=device)
+
+def word_sum(values: torch.Tensor) -> torch.Tensor:
+    """The wrapping sum of the bit pattern of a 1-D tensor, as an int64 0-d tensor (device op)."""
+    return _word_sum(values).to(torch.int64)
+
+
+def _ordered_sum(parts: torch.Tensor) -> torch.Tensor:
+    """The float64 sum of a 1-D tensor, added in the same order whatever the thread count."""
+    while parts.numel() > _SERIAL:
+        rows = parts.numel() // _SERIAL
+        head = parts[: rows * _SERIAL].view(rows, _SERIAL).sum(dim=1, dtype=torch.float64)
+        parts = torch.cat([head, parts[rows * _SERIAL:].to(torch.float64)])
+    return parts.sum(dtype=torch.float64)
 
 
 class Marker:
-    """Computes fingerprints; keeps one scratch per device for the duration of a check.
-
-    Call :meth:`release` after a check to give the scratch memory back (the +-1 vector is
-    rebuilt from the seed, in a few microseconds, at the next one).
+    """Computes fingerprints; keeps the +-1 vectors per device and dtype for the duration of a
+    check (:meth:`release` drops them; they are rebuilt from the seed in microseconds).
 
     Args:
-        scale: compute ``sq`` (tolerance mode); without it, ``sq`` is sent as 0.
+        scale: tolerance mode: the float projection and the sum of squares; without it (exact
+            mode), the integer projection and 0.
     """
 
     def __init__(self, scale: bool = True) -> None:
         self.scale = scale
-        self._scratch: dict[torch.device, _Scratch] = {}
+        self._signs: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        #: The layout of the last batch: the check's tensors, the same at every check.
+        self._last_layout: Optional[tuple[Any, torch.Tensor, torch.Tensor]] = None
 
     def release(self) -> None:
-        self._scratch.clear()
+        """Drop the +-1 vectors (the layout of the check's tensors is kept: a few bytes per
+        element of a row of :data:`ROW` per tensor)."""
+        self._signs.clear()
 
-    def _on(self, device: torch.device) -> _Scratch:
-        scratch = self._scratch.get(device)
-        if scratch is None:
-            scratch = self._scratch[device] = _Scratch(device)
-        return scratch
+    def signs(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The seeded +-1 vector of :data:`ROW` elements (exact in every dtype), twice over."""
+        key = (device, dtype)
+        signs = self._signs.get(key)
+        if signs is None:
+            g = torch.Generator().manual_seed(SEED)
+            host = torch.randint(0, 2, (ROW,), generator=g).mul_(2).sub_(1)
+            signs = self._signs[key] = host.repeat(2).to(device=device, dtype=dtype)
+        return signs
+
+    def _word_sums(self, values: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """``[bits, dot]`` of every tensor, as an (n, 2) int64 tensor on ``device``."""
+        words = [_words(v) for v in values]
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for i, w in enumerate(words):
+            groups.setdefault((w.device, w.dtype), []).append(i)
+        if len(groups) == 1:  # the usual case: one dtype on one device
+            return self._batch(words).to(device=device, dtype=torch.int64)
+        out = torch.empty((len(words), 2), dtype=torch.int64, device=device)
+        for idx in groups.values():
+            out[torch.tensor(idx, device=device)] = self._batch([words[i] for i in idx]).to(device, torch.int64)
+        return out
+
+    def _batch(self, words: list[torch.Tensor]) -> torch.Tensor:
+        """``[bits, dot]`` of tensors of one word dtype on one device, in that width: the column
+        sums of each tensor (one pass over it), then a few kernels for all of them at once."""
+        pieces: list[torch.Tensor] = []
+        lengths: list[tuple[int, ...]] = []
+        for w in words:
+            rows, tail = divmod(w.numel(), ROW)
+            own = [w[: rows * ROW].view(rows, ROW).sum(dim=0, dtype=w.dtype)] if rows else []
+            if tail or not rows:
+                own.append(w[rows * ROW:])  # the last partial row (or a small tensor): positions from 0
+            pieces += own
+            lengths.append(tuple(p.numel() for p in own))
+        device, dtype = words[0].device, words[0].dtype
+        ends, weights = self._layout(tuple(lengths), device, dtype)
+        joined = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        both = torch.stack([joined, joined * weights])  # plain and signed, position by position
+        # Running sums wrap in the words' width, so they are exact: each tensor's sums are the
+        # differences of the running sums at its ends.
+        running = torch.cat([torch.zeros((2, 1), dtype=dtype, device=device),
+                             both.cumsum(dim=1, dtype=dtype)], dim=1)
+        return running.index_select(1, ends).diff(dim=1).T
+
+    def _layout(self, lengths: tuple[tuple[int, ...], ...], device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the running-sum index of each tensor's end, with 0 first; the +-1 weight of every
+        position of the joined pieces), for one layout of pieces; the last one is kept."""
+        key = (lengths, device, dtype)
+        if self._last_layout is not None and self._last_layout[0] == key:
+            return self._last_layout[1], self._last_layout[2]
+        signs = self.signs(torch.device("cpu"), dtype)
+        ends = [0]
+        parts = []
+        for own in lengths:
+            ends.append(ends[-1] + sum(own))
+            parts += [signs[:n] for n in own]
+        weights = torch.cat(parts).to(device) if parts else torch.zeros(0, dtype=dtype, device=device)
+        index = torch.tensor(ends, dtype=torch.int64).to(device)
+        self._last_layout = (key, index, weights)
+        return index, weights
+
+    def _float_dot(self, values: torch.Tensor) -> torch.Tensor:
+        """The +-1 projection of a 1-D tensor's values, float64 0-d on its device."""
+        n = values.numel()
+        floating = values.dtype.is_floating_point
+        signs = self.signs(values.device, values.dtype if floating else torch.float32)[:ROW]
+        acc = torch.float64 if values.dtype == torch.float64 else torch.float32
+        rows, tail = divmod(n, ROW)
+        parts: list[torch.Tensor] = []
+        if rows:
+            parts.append((values[: rows * ROW].view(rows, ROW) * signs).sum(dim=1, dtype=acc))
+        if tail or not rows:
+            parts.append((values[rows * ROW:] * signs[:tail]).sum(dtype=acc).reshape(1))
+        return _ordered_sum(parts[0] if len(parts) == 1 else torch.cat(parts))
+
+    def rows(self, tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+        """One fingerprint row per tensor, as an (n, 3) int64 tensor on ``device``: computed on
+        the tensors' own device and moved once."""
+        if not tensors:
+            return torch.zeros((0, 3), dtype=torch.int64, device=device)
+        values = [flat(t) for t in tensors]
+        pairs = self._word_sums(values, device)  # (n, 2): bits, integer projection
+        if not self.scale:
+            return torch.cat([pairs, torch.zeros_like(pairs[:, :1])], dim=1)
+        bits = pairs[:, 0]
+        dots = _stack([self._float_dot(v) for v in values], device, torch.float64)
+        sq = _stack(_norms(values), device, torch.float64).square()
+        return torch.stack([bits, dots.view(torch.int64), sq.view(torch.int64)], dim=1)
 
     def marks(self, values: torch.Tensor) -> torch.Tensor:
         """``[bits, dot, sq]`` of a 1-D tensor (from :func:`flat`), as an int64 (3,) tensor on
-        its device; the two floats are float64 bit patterns."""
-        if values.numel() == 0:
-            return torch.zeros(3, dtype=torch.int64, device=values.device)
-        scratch = self._on(values.device)
-        chunks = values.split(scratch.chunk)
-        parts = torch.empty((len(chunks), 2), dtype=torch.float64, device=values.device)
-        for i, chunk in enumerate(chunks):
-            n = chunk.numel()
-            buf, prod = scratch.values[:n], scratch.products[:n]
-            buf.copy_(chunk)  # exact: every float32/bf16/fp16 value is a float64
-            torch.mul(buf, scratch.signs[:n], out=prod)
-            torch.sum(prod, dim=0, out=parts[i, 0])
-            if self.scale:
-                torch.mul(buf, buf, out=prod)
-                torch.sum(prod, dim=0, out=parts[i, 1])
-        if not self.scale:
-            parts[:, 1] = 0.0
-        floats = parts[0] if len(chunks) == 1 else parts.sum(dim=0)
-        return torch.cat([word_sum(values).reshape(1), floats.view(torch.int64)])
-
-    def rows(self, tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-        """One fingerprint row per tensor, stacked as an (n, 3) int64 tensor on ``device``."""
-        if not tensors:
-            return torch.zeros((0, 3), dtype=torch.int64, device=device)
-        return torch.stack([self.marks(flat(t)).to(device) for t in tensors])
+        its device; in tolerance mode the two floats are float64 bit patterns."""
+        return self.rows([values], values.device)[0]
 
     def piece_rows(self, values: torch.Tensor, bounds: Sequence[tuple[int, int]],
                    device: torch.device) -> torch.Tensor:
         """Fingerprints of the pieces ``values[lo:hi]`` of a 1-D tensor, as (len(bounds), 3)."""
-        return torch.stack([self.marks(values[lo:hi]).to(device) for lo, hi in bounds])
+        return self.rows([values[lo:hi] for lo, hi in bounds], device)
+
+
+def _stack(scalars: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """0-d tensors stacked as ``dtype`` on ``device``: one stack and one conversion when they
+    share a device and a dtype (the usual case), else one of each per tensor."""
+    if len({(s.device, s.dtype) for s in scalars}) == 1:
+        return torch.stack(scalars).to(device=device, dtype=dtype)
+    return torch.stack([s.to(device=device, dtype=dtype) for s in scalars])
+
+
+def _norms(values: list[torch.Tensor]) -> list[torch.Tensor]:
+    """L2 norms accumulated in float64 (tolerance mode's scale), one foreach call per device."""
+    out: list[torch.Tensor] = [torch.zeros((), dtype=torch.float64, device=v.device) for v in values]
+    groups: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        if v.numel() and (v.is_floating_point()):
+            groups.setdefault(v.device, []).append(i)
+        elif v.numel():
+            out[i] = torch.linalg.vector_norm(v.to(torch.float64))
+    for idx in groups.values():
+        for i, n in zip(idx, torch._foreach_norm([values[i] for i in idx], 2, dtype=torch.float64)):
+            out[i] = n
+    return out

@@ -5,9 +5,10 @@ takes the same path afterwards (the same bisection collectives, the same raise):
 in a collective that another skipped.
 
 Input rows are the int64 fingerprints of :mod:`.fingerprint`, gathered as ``(ranks, tensors, 3)``:
-``bits`` (exact), and the float64 bit patterns of ``dot`` and ``sq``.
+``bits``, then ``dot`` (exact mode: an integer; tolerance mode: the float64 bit pattern of the
+float projection) and ``sq`` (tolerance mode: float64 bits; exact mode: 0).
 
-- ``exact``: two ranks agree on a tensor when ``bits`` and ``dot`` are bit for bit the same.
+- ``exact``: two ranks agree on a tensor when ``bits`` and ``dot`` are the same.
 - ``tolerance``: they agree when ``bits`` are the same, or when ``|dot_a - dot_b| <= rtol *
   sqrt(sq)``: a difference of the +-1 projection measured against the tensor's norm (the
   projection itself may be near 0, so it cannot be its own scale). Independent relative noise
