@@ -157,7 +157,8 @@ class Options:
     update_copy_limit_bytes: int = 2 << 30
     #: Write TensorBoard and JSONL from every rank, not only rank 0.
     per_rank_logs: bool = False
-    #: In distributed runs, reduce non-finite flags across ranks so every rank raises together.
+    #: In distributed runs, agree on non-finite faults across ranks (one 16-byte all-reduce per
+    #: training forward, ``_distributed.py``) so that every rank raises together.
     sync_ranks: bool = True
     #: When torch.compile silently skipped the hooks: "reset" drops the compiled code of this
     #: model only, once (logged), so it recompiles with them (every other compiled function
@@ -175,10 +176,12 @@ class Options:
     step_source: Optional[Callable[[], int]] = None
     #: The user's own detectors (``torch_sentinel.Detector`` instances), run beside the built-in ones.
     detectors: tuple[Any, ...] = ()
-    #: Training forwards between checks that data-parallel replicas hold the same parameters
-    #: and optimizer state (``_replicas/``). None: every 200 when the model is wrapped in DDP
-    #: or replicated along a mesh dimension (HSDP), else off; 0: off. Given explicitly, it also
-    #: compares an unwrapped model across the default process group.
+    #: Optimizer steps between checks that data-parallel replicas hold the same parameters
+    #: and optimizer state (``_replicas/``): a check runs at the first training forward after
+    #: some rank closed that many more steps (with ``sync_ranks=False``: every that many
+    #: training forwards). None: every 200 when the model is wrapped in DDP or replicated along
+    #: a mesh dimension (HSDP), else off; 0: off. Given explicitly, it also compares an
+    #: unwrapped model across the default process group.
     replica_check_every: Optional[int] = None
     #: "exact": bit-identical replicas; "tolerance": within ``replica_divergence.rtol`` of the
     #: tensor's norm (for setups whose reductions are not deterministic).

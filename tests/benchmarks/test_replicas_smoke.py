@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_replicas_benchmark_runs_and_writes_results(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.replicas", "--tiny", "--rounds", "2", "--steps", "12",
-         "--check-every", "4", "--forwards", "6", "--out", str(tmp_path)],
+         "--check-every", "4", "--agreement-steps", "4", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "replicas-cpu-tiny.json").read_text())
@@ -27,7 +27,7 @@ def test_replicas_benchmark_runs_and_writes_results(tmp_path: Path) -> None:
                                      "floor"}
     assert all(v > 0 for v in one["median_ms"].values())
     assert 0 < one["launches"] < 10 * one["tensors"]
-    assert points["allreduce_16b_ms"] > 0 and points["forwards"] == 6
+    assert points["allreduce_16b_ms"] > 0 and points["steps"] == 4
     estimate = results["gpu_estimate"]
     assert estimate["7b_bf16"]["ratio"] > estimate["benchmark_model"]["ratio"] > 0
     assert cadence["checks_timed"] == 3  # paired steps 5..16 with a check every 4: 8, 12, 16
