@@ -92,6 +92,32 @@ def _ordered_sum(parts: torch.Tensor) -> torch.Tensor:
     return parts.sum(dtype=torch.float64)
 
 
+class _Layout:
+    """Where each tensor's parts sit in one batch: its row of column sums (if it has ``ROW``
+    words or more) and its rest (the last partial row, or the whole small tensor)."""
+
+    def __init__(self, shape: Sequence[tuple[bool, int]], signs: torch.Tensor, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        columns = sum(1 for has, _ in shape if has)
+        rests = [n for has, n in shape if n or not has]
+        zero = columns + len(rests)  # the zero row of the table
+        column_of, rest_of, c, r = [], [], 0, 0
+        for has, n in shape:
+            column_of.append(c if has else zero)
+            c += has
+            rest_of.append(columns + r if n or not has else zero)
+            r += bool(n or not has)
+        ends = [0]
+        for n in rests:
+            ends.append(ends[-1] + n)
+        self.weights = torch.stack([torch.ones_like(signs[:ROW]), signs[:ROW]]).to(device=device, dtype=dtype)
+        parts = [signs[:n] for n in rests]
+        self.rest_signs = (torch.cat(parts) if parts else signs[:0]).to(device=device, dtype=dtype)
+        self.rest_ends = torch.tensor(ends, dtype=torch.int64).to(device)
+        self.column_of = torch.tensor(column_of, dtype=torch.int64).to(device)
+        self.rest_of = torch.tensor(rest_of, dtype=torch.int64).to(device)
+
+
 class Marker:
     """Computes fingerprints; keeps the +-1 vectors per device and dtype for the duration of a
     check (:meth:`release` drops them; they are rebuilt from the seed in microseconds).
@@ -105,7 +131,7 @@ class Marker:
         self.scale = scale
         self._signs: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         #: The layout of the last batch: the check's tensors, the same at every check.
-        self._last_layout: Optional[tuple[Any, torch.Tensor, torch.Tensor]] = None
+        self._last_layout: Optional[tuple[Any, _Layout]] = None
 
     def release(self) -> None:
         """Drop the +-1 vectors (the layout of the check's tensors is kept: a few bytes per
@@ -137,43 +163,45 @@ class Marker:
 
     def _batch(self, words: list[torch.Tensor]) -> torch.Tensor:
         """``[bits, dot]`` of tensors of one word dtype on one device, in that width: the column
-        sums of each tensor (one pass over it), then a few kernels for all of them at once."""
-        pieces: list[torch.Tensor] = []
-        lengths: list[tuple[int, ...]] = []
+        sums of each tensor of ``ROW`` words or more (one pass over it), then a few kernels for
+        all of them at once."""
+        device, dtype = words[0].device, words[0].dtype
+        columns: list[torch.Tensor] = []  # one row of ROW column sums per tensor of >= ROW words
+        rests: list[torch.Tensor] = []  # last partial rows, and tensors under ROW words
+        shape: list[tuple[bool, int]] = []
         for w in words:
             rows, tail = divmod(w.numel(), ROW)
-            own = [w[: rows * ROW].view(rows, ROW).sum(dim=0, dtype=w.dtype)] if rows else []
+            if rows:
+                columns.append(w[: rows * ROW].view(rows, ROW).sum(dim=0, dtype=dtype))
             if tail or not rows:
-                own.append(w[rows * ROW:])  # the last partial row (or a small tensor): positions from 0
-            pieces += own
-            lengths.append(tuple(p.numel() for p in own))
-        device, dtype = words[0].device, words[0].dtype
-        ends, weights = self._layout(tuple(lengths), device, dtype)
-        joined = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        both = torch.stack([joined, joined * weights])  # plain and signed, position by position
-        # Running sums wrap in the words' width, so they are exact: each tensor's sums are the
-        # differences of the running sums at its ends.
-        running = torch.cat([torch.zeros((2, 1), dtype=dtype, device=device),
-                             both.cumsum(dim=1, dtype=dtype)], dim=1)
-        return running.index_select(1, ends).diff(dim=1).T
+                rests.append(w[rows * ROW:])  # positions from 0, like a row's
+            shape.append((rows > 0, tail if rows else w.numel()))
+        layout = self._layout(tuple(shape), device, dtype)
+        parts: list[torch.Tensor] = []
+        if columns:  # plain and signed sums of every row of column sums at once: (C, 2)
+            parts.append((torch.stack(columns).unsqueeze(1) * layout.weights).sum(dim=2, dtype=dtype))
+        if rests:
+            # Pieces of different lengths, joined: running sums (they wrap in the words' width,
+            # so they are exact), differenced at each piece's end: (R, 2).
+            joined = rests[0] if len(rests) == 1 else torch.cat(rests)
+            both = torch.stack([joined, joined * layout.rest_signs])
+            running = torch.cat([torch.zeros((2, 1), dtype=dtype, device=device),
+                                 both.cumsum(dim=1, dtype=dtype)], dim=1)
+            parts.append(running.index_select(1, layout.rest_ends).diff(dim=1).T)
+        parts.append(torch.zeros((1, 2), dtype=dtype, device=device))  # for a tensor without one part
+        table = torch.cat(parts)
+        return table.index_select(0, layout.column_of) + table.index_select(0, layout.rest_of)
 
-    def _layout(self, lengths: tuple[tuple[int, ...], ...], device: torch.device,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the running-sum index of each tensor's end, with 0 first; the +-1 weight of every
-        position of the joined pieces), for one layout of pieces; the last one is kept."""
-        key = (lengths, device, dtype)
+    def _layout(self, shape: tuple[tuple[bool, int], ...], device: torch.device, dtype: torch.dtype) -> _Layout:
+        """The index tensors of one layout of tensors (per tensor: whether it has a row of
+        column sums, and the length of its rest); the last one is kept (a check's tensors are
+        the same at every check)."""
+        key = (shape, device, dtype)
         if self._last_layout is not None and self._last_layout[0] == key:
-            return self._last_layout[1], self._last_layout[2]
-        signs = self.signs(torch.device("cpu"), dtype)
-        ends = [0]
-        parts = []
-        for own in lengths:
-            ends.append(ends[-1] + sum(own))
-            parts += [signs[:n] for n in own]
-        weights = torch.cat(parts).to(device) if parts else torch.zeros(0, dtype=dtype, device=device)
-        index = torch.tensor(ends, dtype=torch.int64).to(device)
-        self._last_layout = (key, index, weights)
-        return index, weights
+            return self._last_layout[1]
+        layout = _Layout(shape, self.signs(torch.device("cpu"), dtype), device, dtype)
+        self._last_layout = (key, layout)
+        return layout
 
     def _float_dot(self, values: torch.Tensor) -> torch.Tensor:
         """The +-1 projection of a 1-D tensor's values, float64 0-d on its device."""
