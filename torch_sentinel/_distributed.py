@@ -181,10 +181,10 @@ class _Point:
 
 
 class RankSync(Probe, Follower):
-    """Agrees on non-finite faults across ranks at every lockstep point; ``decide(fault, rank)``
-    is called on every rank alike with the agreed fault (until then each rank only
-    :meth:`hold`\\ s its own). ``rows_agreed`` is the most rows any rank has closed, as of the
-    last agreement read (-1 before the first)."""
+    """Agrees on non-finite faults across ranks at every lockstep point: ``decide(fault, rank)``
+    is called on every rank alike with the agreed fault (until then each rank only holds its
+    own, :meth:`hold`). ``rows_agreed`` is the most rows any rank has closed, as of the last
+    agreement read (-1 before the first)."""
 
     name = "cross-rank agreement"
 

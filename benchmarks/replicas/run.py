@@ -252,8 +252,8 @@ def _estimate_lines(est: dict[str, Any]) -> list[str]:
     return [
         "### ESTIMATE for a GPU (not measured: no GPU in this run)",
         "",
-        f"From this run: SHA-1 on the host at {est['sha1_mb_s']:,.0f} MB/s, {est['launches_per_tensor']:.2f} "
-        "launches per tensor for one check. Assumed: device-to-host copies at "
+        f"From this run: SHA-1 on the host at {est['sha1_mb_s']:,.0f} MB/s; one check launches a column sum "
+        f"per tensor of 4096 elements or more and {est['launches_fixed']} kernels for all tensors. Assumed: device-to-host copies at "
         f"{a['d2h_gb_s']:g} GB/s (pageable), HBM reads at {a['hbm_gb_s']:g} GB/s, {a['launch_us']:g} us "
         f"per launch, {a['collective_us']:g} us for the check's gather and host read. Megatron hashes "
         "float32 copies (bf16 doubles); the estimate leaves out its host float conversion and "
