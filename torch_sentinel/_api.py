@@ -230,8 +230,9 @@ class Sentinel(ModelSideHandle):
         (``torch.save({"model": ..., "optimizer": ..., "sentinel": sentinel.state_dict()})``)
         and pass it to :meth:`load_state_dict` right after ``attach()`` in the resumed run.
 
-        Pending rows are flushed first (cold path). The detectors' part is a pickled blob, so
-        the dict loads with ``torch.load(..., weights_only=True)``.
+        Pending rows are flushed first (cold path). The dict holds only tensors, numbers,
+        strings, lists, dicts, None and bools, so it loads with ``torch.load(...,
+        weights_only=True)``; a detector attribute that is not plain data raises here.
         """
         self.flush()
         return dump_state(self.step, self._nonfinite_reported, self._findings, self._detectors)
@@ -251,7 +252,7 @@ class Sentinel(ModelSideHandle):
                 arrived=f"{self.step - self.options.start_step} step(s) already recorded by {self!r}",
                 next_check="move load_state_dict() before the training loop",
             ))
-        step, reported, findings = load_state(state, self._detectors)
+        step, reported, findings = load_state(state, self._detectors, self._collector.device)
         self._collector.start_at(step)
         for f in findings:
             key = (f.kind, f.module, f.boundary)

@@ -12,7 +12,7 @@ known from the batch; sampling is decided at run time, so nothing recompiles).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 
@@ -30,6 +30,8 @@ _MAX_FEATURES = 1 << 16
 
 class InputStats(Probe):
     name = "input_stats"
+    #: Set up at attach; the constant-feature mask and its step count are the window.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"first", "every", "tap", "_slots"})
 
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first

@@ -46,7 +46,7 @@ probe is a sentinel bug: it is logged once and the probe is switched off; traini
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Protocol
 
 import torch
 from torch import nn
@@ -166,6 +166,9 @@ class Probe:
 
     #: Shown in the one warning logged if this probe raises.
     name: str = ""
+    #: Attributes that belong to the live run (set up at attach): never in a checkpoint. A
+    #: detector saves the rest of a probe it holds (see ``detectors/state.py``).
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"host"})
 
     def setup(self, host: ProbeHost) -> None:
         """Reserve ledger blocks and subscribe patches. Called once at attach, before any event."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -34,6 +34,8 @@ _TANH_EDGE = math.tanh(5.0)
 
 class SaturationWatch(Probe):
     name = "saturation"
+    #: All set up at attach: the samples are kept by the detector.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"first", "every", "sites", "_slot", "_found"})
 
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first

@@ -18,6 +18,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable, ClassVar, Optional
 
+import torch
+
 from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Boundary, Finding
@@ -65,6 +67,10 @@ class Detector:
 
     kind: ClassVar[str] = ""
     boundary: ClassVar[Boundary] = "data"
+    #: Attributes that attach() rebuilds (the run context, references into the model, pending
+    #: device copies): never in state_dict(). Every other attribute must be plain host data
+    #: (see ``detectors/state.py``); list a subclass's own here, the base's are included.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"ctx"})
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
@@ -90,12 +96,13 @@ class Detector:
         return ()
 
     def state_dict(self) -> dict[str, Any]:
-        """The host state carried across a checkpoint (windows, counters, verdicts given).
-        Default: every attribute that is plain host data; see ``detectors/state.py``."""
+        """The host state carried across a checkpoint (windows, counters, verdicts given), as
+        plain data. Default: every attribute not in ``live_attributes``; see ``detectors/state.py``."""
         return host_state(self)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        restore_state(self, state)
+    def load_state_dict(self, state: dict[str, Any], device: Optional[torch.device] = None) -> None:
+        """Restore what :meth:`state_dict` saved; saved tensors go to ``device``."""
+        restore_state(self, state, device)
 
     def finding(self, message: str, **fields: Any) -> Finding:
         fields.setdefault("rank", self.ctx.rank)

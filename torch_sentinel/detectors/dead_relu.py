@@ -39,6 +39,8 @@ class DeadReluDetector(Detector):
     boundary = "forward"
     #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
     thresholds: ClassVar[dict[str, float]] = {"fraction": 0.7, "min_steps": 20, "every": 4}
+    #: A device copy in flight.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"_pending"})
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

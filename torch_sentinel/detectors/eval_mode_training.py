@@ -39,6 +39,8 @@ class EvalModeTrainingDetector(Detector, Probe):
     boundary = "forward"
     #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
     thresholds: ClassVar[dict[str, float]] = {"min_steps": 2}
+    #: References into the model, set up at attach.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"_candidates", "_root", "_host", "_eval_parents"})
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

@@ -50,6 +50,8 @@ class StalePerOptimizer(Probe):
     """
 
     name = "stale_by_optimizer"
+    #: Set up at attach; the per-optimizer flags between steps are state.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"active", "_params", "_index", "_min", "_start"})
 
     def __init__(self) -> None:
         self.active = False
@@ -210,6 +212,8 @@ class _Setup(Probe):
     """Host facts at attach: whether the check applies, and what each optimizer holds."""
 
     name = "missing_zero_grad"
+    live_attributes: ClassVar[frozenset[str]] = frozenset(
+        {"ctx", "enabled", "optimizer_names", "optimizer_types"})
 
     def __init__(self, detector: MissingZeroGradDetector) -> None:
         self.ctx = detector.ctx

@@ -70,6 +70,10 @@ class NoUpdateDetector(Detector, Probe):
     boundary = "updates"
     #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
     thresholds: ClassVar[dict[str, float]] = {"min_still": 3}
+    #: Set up at attach from the model and its optimizers (the fingerprints hold device
+    #: tensors of the live weights).
+    live_attributes: ClassVar[frozenset[str]] = frozenset(
+        {"_host", "_fp", "_resolution", "_optimizer_of", "_unprintable"})
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

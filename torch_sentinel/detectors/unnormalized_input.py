@@ -39,6 +39,8 @@ class UnnormalizedInputDetector(Detector):
     boundary = "data"
     #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
     thresholds: ClassVar[dict[str, float]] = {"scale": 10.0, "tiny": 1e-2, "min_steps": 3}
+    #: A device copy in flight.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"_fetch"})
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)

@@ -44,6 +44,8 @@ class UnregisteredParameterDetector(Detector, Probe):
     boundary = "updates"
     #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
     thresholds: ClassVar[dict[str, float]] = {"walk_every": 500}
+    #: Set up at attach (``_known`` holds ids of this process's tensors), or one step's inputs.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"_host", "_walking", "_known", "_inputs", "_orphans"})
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
