@@ -30,6 +30,7 @@ from .batch import BatchedFractions, BatchedMax, OnBad
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
+from .copies import leave_hooks_out_of_copies
 from .dtypes import DtypePolicy
 from .entry import DataEntry
 from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
@@ -235,6 +236,7 @@ class Collector:
             # Weakly: an optimizer the user keeps must not keep the collector (and the model).
             self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
             self.hooks.add(opt.register_step_post_hook(WeakHook(self._on_post_step)))
+        leave_hooks_out_of_copies(self.hooks)
         self.hooks.subscribe(patch_for(torch.autograd, "backward"), BackwardListener(self))
         zeroing = ZeroGradListener(self)
         self.hooks.subscribe(patch_for(nn.Module, "zero_grad"), zeroing)

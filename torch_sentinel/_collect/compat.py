@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
-__all__ = ["forward_hooks", "hook_handles_made", "is_compiling"]
+__all__ = ["drop_hooks_from_state", "forward_hooks", "hook_handles_made", "is_compiling"]
 
 #: True while torch.compile traces a hook: host-side bookkeeping must be skipped then.
 is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
@@ -27,3 +28,26 @@ def hook_handles_made() -> Optional[int]:
     no hook was registered anywhere."""
     count = getattr(RemovableHandle, "next_id", None)
     return count if isinstance(count, int) else None
+
+
+#: torch's per-hook flags, keyed by handle id like the hook dicts themselves.
+_HOOK_FLAGS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+
+
+def drop_hooks_from_state(state: dict[str, Any], ours: Callable[[Any], bool]) -> None:
+    """Take the hooks that ``ours`` recognises out of ``state``, a module's pickled state (the
+    fresh copy of its ``__dict__`` that ``__getstate__`` returns): each hook dict holding one is
+    replaced by a copy without it, and torch's flags for those handle ids go too. The module
+    itself is not touched."""
+    dropped: set[Any] = set()
+    for name, hooks in list(state.items()):
+        if "hooks" not in name or type(hooks) not in (dict, OrderedDict):
+            continue
+        gone = [key for key, hook in hooks.items() if ours(hook)]
+        if gone:
+            dropped.update(gone)
+            state[name] = type(hooks)((key, hook) for key, hook in hooks.items() if key not in dropped)
+    for name in _HOOK_FLAGS:
+        flags: Any = state.get(name)
+        if dropped and type(flags) in (dict, OrderedDict) and not dropped.isdisjoint(flags):
+            state[name] = type(flags)((key, flag) for key, flag in flags.items() if key not in dropped)
