@@ -498,14 +498,19 @@ class Collector:
             return None
         self._forward_since_backward = True
         subs = self._out_subs[slot]
+        # The model's outputs (or, for a container whose children the loop calls itself,
+        # theirs): a backward that passes through them belongs to the model.
+        marking = slot == 0 or not self._in_root
+        marked = False
         for t in (output,) if type(output) is torch.Tensor else iter_tensors(output):
             if not reducible(t):
                 self._unwatched.output(t, self.module_names[slot], module)
                 continue
-            # The model's outputs (or, for a container whose children the loop calls itself,
-            # theirs): a backward that passes through them belongs to the model.
-            if (slot == 0 or not self._in_root) and t.requires_grad and (compiling or not self.scope.mark_outputs(t, slot)):
-                self._unmarked = True
+            if marking and t.requires_grad:
+                if compiling or not self.scope.mark_outputs(t, slot):
+                    self._unmarked = True
+                else:
+                    marked = True
             if compiling:
                 self.traced = True  # runs once, while tracing: host checks are off from now on
                 self._emit(subs, slot, module, args, t, True)
@@ -521,6 +526,11 @@ class Collector:
             if t.requires_grad and (self.outgrad.watch[slot] or self.meta.outgrad_complete):
                 self._watch_gradient(t, slot)
             self._emit(subs, slot, module, args, t, False)
+        if marking and not marked:
+            # Nothing to mark (outputs in an object iter_tensors cannot look into): a backward
+            # after this forward is the model's, counted before it runs, not after as a graph
+            # cut (its own fresh gradients would then read as stale ones).
+            self._unmarked = True
         if not compiling and slot not in self._forward_seq:
             self._forward_seq[slot] = len(self._forward_seq)
             if slot == 0:  # the root completes last: the first forward's order is known
