@@ -423,6 +423,9 @@ class Collector:
         if not compiling:
             self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
+            # Before this step's backward, not only before its update: a library that put back
+            # what it saved (our backward wrapper gone) would otherwise cost the step its loss.
+            self.hooks.ensure_patches()
             # What a rerun needs if the outputs go bad (references for this forward only).
             self._root_call = None if self.watch.everything else (args, kwargs, self.forward_rng())
         self.meta.forward_calls += 1

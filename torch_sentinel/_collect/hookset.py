@@ -41,6 +41,8 @@ class HookSet:
         self._handles: list[RemovableHandle] = []
         self._patches: list[tuple[Patch, PatchListener]] = []
         self._listeners: list[PatchListener] = []
+        #: Each patch once (several listeners may subscribe to one).
+        self._distinct: list[Patch] = []
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         self._handles.append(handle)
@@ -54,16 +56,13 @@ class HookSet:
         patch.add(proxy)
         self._patches.append((patch, proxy))
         self._listeners.append(listener)
+        if patch not in self._distinct:
+            self._distinct.append(patch)
 
     def ensure_patches(self) -> int:
-        """Re-install any of our patches that another library removed; how many it had to."""
-        seen: set[int] = set()
-        fixed = 0
-        for patch, _ in self._patches:
-            if id(patch) not in seen:
-                seen.add(id(patch))
-                fixed += patch.ensure()
-        return fixed
+        """Re-install any of our patches that another library removed; how many it had to.
+        Called before every root forward: one attribute read per distinct patch."""
+        return sum(patch.ensure() for patch in self._distinct)
 
     def __len__(self) -> int:
         return len(self._handles) + len(self._patches)
@@ -84,6 +83,7 @@ class HookSet:
             except Exception as exc:  # pragma: no cover - defensive
                 errors.append(exc)
         self._listeners.clear()
+        self._distinct.clear()
         if errors:
             raise errors[0]
 

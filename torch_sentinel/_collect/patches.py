@@ -49,6 +49,8 @@ class Patch:
         self.listeners: list[PatchListener] = []
         self._lock = threading.Lock()
         self._depth = threading.local()
+        #: The owner's namespace (a live view), where an installed wrapper sits.
+        self._namespace: Any = getattr(owner, "__dict__", {})
 
     # -- the wrapper ------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -131,7 +133,10 @@ class Patch:
     def ensure(self) -> bool:
         """Wrap again if our wrapper was removed by someone else (e.g. a library restoring a
         saved original). Returns True when it had to. Host only: an attribute read per call."""
-        if self.wrapper is None or self._current() is self.wrapper:
+        wrapper = self.wrapper
+        if wrapper is None or self._namespace.get(self.attr) is wrapper:  # the usual case: one dict read
+            return False
+        if self._current() is wrapper:
             return False
         with self._lock:
             if self.wrapper is None or self.leads_to_wrapper() or not self.listeners:
