@@ -261,6 +261,20 @@ class Sentinel(ModelSideHandle):
                 self._findings.append(f)
         self._nonfinite_reported = self._nonfinite_reported or reported
 
+    def continue_from(self, previous: Sentinel) -> None:
+        """Go on from ``previous``, detached from the same model (``attach()`` on an attached
+        model): its findings are this sentinel's too, and are not reported again.
+
+        Args:
+            previous: the sentinel this one replaces.
+        """
+        for f in previous.findings:
+            key = (f.kind, f.module, f.boundary)
+            if key not in self._finding_keys:
+                self._finding_keys.add(key)
+                self._findings.append(f)
+        self._nonfinite_reported = self._nonfinite_reported or any(f.kind == "non_finite" for f in previous.findings)
+
     def report(self, *, all_ranks: Optional[bool] = None) -> Report:
         """Flush pending evidence and return the diagnosis.
 
