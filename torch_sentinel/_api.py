@@ -23,7 +23,7 @@ from ._collect.probes.clip import ClipProbe
 from ._collect.records import StepRecord
 from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
-from ._errors import NonFiniteError, SentinelError, format_message
+from ._errors import NonFiniteError, SentinelError, format_message, without_our_frames
 from ._findings import Finding
 from ._lifecycle import dump_state, forget, load_state
 from ._model_side import ModelSide, ModelSideHandle
@@ -214,6 +214,8 @@ class Sentinel(ModelSideHandle):
                 pending = self._collector.take_pending_validation()
                 if pending is not None:
                     self._on_record(pending)
+            except SentinelError as err:  # a fault in a landed row: raised from the user's call
+                raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened
             finally:
                 self._flushing = False
         self._flush_window()

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .._errors import SentinelError
+from .._errors import SentinelError, raised_at_entry
 from .batch import BatchedFractions, BatchedMax, OnBad
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
@@ -224,8 +224,8 @@ class Collector:
     def install(self) -> None:
         register_params(self, self.param_tensors)
         root = self.map.root
-        self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
-        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
+        self.hooks.add(root.register_forward_pre_hook(ModuleHook(raised_at_entry, self._on_root_inputs), with_kwargs=True))
+        self.hooks.add(root.register_forward_hook(ModuleHook(raised_at_entry, self._on_root_exit), always_call=True))
         self.entry.install(root)
         # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
         self.hooks.add(nn.modules.module.register_module_module_registration_hook(

@@ -24,7 +24,7 @@ import logging
 import threading
 from typing import Any, Callable, Protocol
 
-from .._errors import SentinelError
+from .._errors import SentinelError, without_our_frames
 
 __all__ = ["RAISED", "Patch", "PatchListener", "patch_for"]
 
@@ -68,8 +68,8 @@ class Patch:
                 for listener in active:
                     try:
                         listener.before(args, kwargs)
-                    except SentinelError:
-                        raise  # an immediate fault the user asked to raise
+                    except SentinelError as err:
+                        raise without_our_frames(err)  # noqa: B904 - an immediate fault the user asked to raise
                     except Exception as exc:
                         patch._drop(listener, exc)
                 result = RAISED
@@ -79,9 +79,9 @@ class Patch:
                     for listener in active:
                         try:
                             listener.after(args, kwargs, result)
-                        except SentinelError:
+                        except SentinelError as err:
                             if result is not RAISED:
-                                raise  # else the user's own exception is already on its way
+                                raise without_our_frames(err)  # noqa: B904 - else the user's own exception is on its way
                         except Exception as exc:
                             patch._drop(listener, exc)
                 return result
