@@ -331,9 +331,11 @@ class Sentinel(ModelSideHandle):
                 self._safe(sink.close)
             forget(side.root, self)
 
-    def _close_unattended(self) -> None:
-        """Detach without the user: at interpreter exit, or when the sentinel is collected.
-        Nothing may escape from here (there is no caller to catch it)."""
+    def close_unattended(self) -> None:
+        """Detach without the user: at interpreter exit, or when the sentinel or its model is
+        collected. Nothing may escape from here (there is no caller to catch it). Internal:
+        the seam for ``_lifecycle`` (the exit hook) and the model side's finalizer; users call
+        :meth:`detach`."""
         try:
             self._detach(quiet=True)
         except BaseException as exc:
@@ -345,7 +347,7 @@ class Sentinel(ModelSideHandle):
         # process-wide patches go once the last sentinel is gone. getattr: the constructor
         # may have failed before _detached existed.
         if not getattr(self, "_detached", True):
-            self._close_unattended()
+            self.close_unattended()
 
     def __enter__(self) -> Sentinel:
         return self

@@ -106,5 +106,5 @@ def attach(
     sentinel = Sentinel(model, optimizers, opts)
     if previous is not None:
         sentinel.continue_from(previous)
-    register(root, sentinel, sentinel._close_unattended)
+    register(root, sentinel, sentinel.close_unattended)
     return sentinel
