@@ -22,7 +22,7 @@ from ._collect.probe import Probe
 from ._collect.probes.clip import ClipProbe
 from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
-from ._errors import NonFiniteError, SentinelError, format_message
+from ._errors import NonFiniteError, SentinelError, format_message, without_our_frames
 from ._findings import Finding
 from ._lifecycle import dump_state, forget, load_state
 from ._model_side import ModelSide, ModelSideHandle
@@ -224,6 +224,8 @@ class Sentinel(ModelSideHandle):
                 pending = self._collector.take_pending_validation()
                 if pending is not None:
                     self._on_record(pending)
+            except SentinelError as err:  # a fault in a landed row: raised from the user's call
+                raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened
             finally:
                 self._flushing = False
         self._flush_window()
@@ -240,8 +242,9 @@ class Sentinel(ModelSideHandle):
         (``torch.save({"model": ..., "optimizer": ..., "sentinel": sentinel.state_dict()})``)
         and pass it to :meth:`load_state_dict` right after ``attach()`` in the resumed run.
 
-        Pending rows are flushed first (cold path). The detectors' part is a pickled blob, so
-        the dict loads with ``torch.load(..., weights_only=True)``.
+        Pending rows are flushed first (cold path). The dict holds only tensors, numbers,
+        strings, lists, dicts, None and bools, so it loads with ``torch.load(...,
+        weights_only=True)``; a detector attribute that is not plain data raises here.
         """
         self.flush()
         return dump_state(self.step, self._nonfinite_reported, self._findings, self._detectors)
@@ -261,7 +264,7 @@ class Sentinel(ModelSideHandle):
                 arrived=f"{self.step - self.options.start_step} step(s) already recorded by {self!r}",
                 next_check="move load_state_dict() before the training loop",
             ))
-        step, reported, findings = load_state(state, self._detectors)
+        step, reported, findings = load_state(state, self._detectors, self._collector.device)
         self._collector.start_at(step)
         for f in findings:
             key = (f.kind, f.module, f.boundary)
@@ -269,6 +272,20 @@ class Sentinel(ModelSideHandle):
                 self._finding_keys.add(key)
                 self._findings.append(f)
         self._nonfinite_reported = self._nonfinite_reported or reported
+
+    def continue_from(self, previous: Sentinel) -> None:
+        """Go on from ``previous``, detached from the same model (``attach()`` on an attached
+        model): its findings are this sentinel's too, and are not reported again.
+
+        Args:
+            previous: the sentinel this one replaces.
+        """
+        for f in previous.findings:
+            key = (f.kind, f.module, f.boundary)
+            if key not in self._finding_keys:
+                self._finding_keys.add(key)
+                self._findings.append(f)
+        self._nonfinite_reported = self._nonfinite_reported or any(f.kind == "non_finite" for f in previous.findings)
 
     def report(self, *, all_ranks: Optional[bool] = None) -> Report:
         """Flush pending evidence and return the diagnosis.
@@ -324,9 +341,11 @@ class Sentinel(ModelSideHandle):
                 self._safe(sink.close)
             forget(side.root, self)
 
-    def _close_unattended(self) -> None:
-        """Detach without the user: at interpreter exit, or when the sentinel is collected.
-        Nothing may escape from here (there is no caller to catch it)."""
+    def close_unattended(self) -> None:
+        """Detach without the user: at interpreter exit, or when the sentinel or its model is
+        collected. Nothing may escape from here (there is no caller to catch it). Internal:
+        the seam for ``_lifecycle`` (the exit hook) and the model side's finalizer; users call
+        :meth:`detach`."""
         try:
             self._detach(quiet=True)
         except BaseException as exc:
@@ -338,7 +357,7 @@ class Sentinel(ModelSideHandle):
         # process-wide patches go once the last sentinel is gone. getattr: the constructor
         # may have failed before _detached existed.
         if not getattr(self, "_detached", True):
-            self._close_unattended()
+            self.close_unattended()
 
     def __enter__(self) -> Sentinel:
         return self

@@ -25,13 +25,14 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .._errors import SentinelError
+from .._errors import SentinelError, raised_at_entry
 from .._record import Fact, FactSources, StepMeta, StepRecord
 from .._record.fault import Fault
 from .batch import BatchedFractions, BatchedMax, OnBad
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
+from .copies import leave_hooks_out_of_copies
 from .dtypes import DtypePolicy
 from .entry import DataEntry
 from .hookset import HookSet, ModuleHook
@@ -234,8 +235,8 @@ class Collector:
     def install(self) -> None:
         register_params(self, self.param_tensors)
         root = self.map.root
-        self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
-        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
+        self.hooks.add(root.register_forward_pre_hook(ModuleHook(raised_at_entry, self._on_root_inputs), with_kwargs=True))
+        self.hooks.add(root.register_forward_hook(ModuleHook(raised_at_entry, self._on_root_exit), always_call=True))
         self.entry.install(root)
         # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
         self.hooks.add(nn.modules.module.register_module_module_registration_hook(
@@ -246,6 +247,7 @@ class Collector:
             # Weakly: an optimizer the user keeps must not keep the collector (and the model).
             self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
             self.hooks.add(opt.register_step_post_hook(WeakHook(self._on_post_step)))
+        leave_hooks_out_of_copies(self.hooks)
         self.hooks.subscribe(patch_for(torch.autograd, "backward"), BackwardListener(self))
         zeroing = ZeroGradListener(self)
         self.hooks.subscribe(patch_for(nn.Module, "zero_grad"), zeroing)
@@ -444,6 +446,9 @@ class Collector:
         if not compiling:
             self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
+            # Before this step's backward, not only before its update: a library that put back
+            # what it saved (our backward wrapper gone) would otherwise cost the step its loss.
+            self.hooks.ensure_patches()
             # What a rerun needs if the outputs go bad (references for this forward only).
             self._root_call = None if self.watch.everything else (args, kwargs, self.forward_rng())
         self.meta.forward_calls += 1
@@ -519,14 +524,19 @@ class Collector:
             return None
         self._forward_since_backward = True
         subs = self._out_subs[slot]
+        # The model's outputs (or, for a container whose children the loop calls itself,
+        # theirs): a backward that passes through them belongs to the model.
+        marking = slot == 0 or not self._in_root
+        marked = False
         for t in (output,) if type(output) is torch.Tensor else iter_tensors(output):
             if not reducible(t):
                 self._unwatched.output(t, self.module_names[slot], module)
                 continue
-            # The model's outputs (or, for a container whose children the loop calls itself,
-            # theirs): a backward that passes through them belongs to the model.
-            if (slot == 0 or not self._in_root) and t.requires_grad and (compiling or not self.scope.mark_outputs(t, slot)):
-                self._unmarked = True
+            if marking and t.requires_grad:
+                if compiling or not self.scope.mark_outputs(t, slot):
+                    self._unmarked = True
+                else:
+                    marked = True
             if compiling:
                 self.traced = True  # runs once, while tracing: host checks are off from now on
                 self._emit(subs, slot, module, args, t, True)
@@ -542,6 +552,11 @@ class Collector:
             if t.requires_grad and (self.outgrad.watch[slot] or self.meta.outgrad_complete):
                 self._watch_gradient(t, slot)
             self._emit(subs, slot, module, args, t, False)
+        if marking and not marked:
+            # Nothing to mark (outputs in an object iter_tensors cannot look into): a backward
+            # after this forward is the model's, counted before it runs, not after as a graph
+            # cut (its own fresh gradients would then read as stale ones).
+            self._unmarked = True
         if not compiling and slot not in self._forward_seq:
             self._forward_seq[slot] = len(self._forward_seq)
             if slot == 0:  # the root completes last: the first forward's order is known

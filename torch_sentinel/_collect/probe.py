@@ -213,6 +213,10 @@ class Probe:
                 raise TypeError(f"{fact.__name__} is already published by {fact.producer.__name__}")
             fact.producer = cls
 
+    #: Attributes that belong to the live run (set up at attach): never in a checkpoint. A
+    #: detector saves the rest of a probe it holds (see ``detectors/state.py``).
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"host"})
+
     def setup(self, host: ProbeHost) -> None:
         """Reserve ledger blocks and subscribe patches. Called once at attach, before any event."""
 
