@@ -31,7 +31,7 @@ from typing import Any, Optional
 import numpy as np
 from torch import nn
 
-from ._collect.collector import Collector, Fault
+from ._collect.collector import Collector
 from ._collect.compat import (
     CALL_IMPL_CODE,
     compiled_entries,
@@ -40,10 +40,11 @@ from ._collect.compat import (
     inline_wrapper_code,
 )
 from ._collect.ledger import FLOAT_MAX
-from ._collect.records import StepRecord
 from ._collect.transfer import AsyncFetch
 from ._errors import InstrumentationError, format_message
 from ._findings import BOUNDARIES
+from ._record import StepRecord
+from ._record.fault import Fault
 from .detectors.nonfinite import locate
 
 __all__ = ["BLIND_HOOK_POLICIES", "HookLiveness", "first_fault_in_row"]

@@ -22,11 +22,11 @@ import torch_sentinel
 from torch_sentinel import SentinelError
 from torch_sentinel._lifecycle import STATE_FORMAT
 from torch_sentinel._plain import PlainStateError, decode, encode
-from torch_sentinel.detectors.registry import DETECTORS
+from torch_sentinel.detectors import builtin_detectors
 from torch_sentinel.detectors.state import live_attributes
 
 STEPS, CUT = 120, 50
-KINDS = [d.kind for d in DETECTORS]
+KINDS = [d.kind for d in builtin_detectors()]
 
 
 class Net(nn.Module):

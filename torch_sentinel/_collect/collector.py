@@ -26,6 +26,8 @@ import torch
 from torch import nn
 
 from .._errors import SentinelError, raised_at_entry
+from .._record import Fact, FactSources, StepMeta, StepRecord
+from .._record.fault import Fault
 from .batch import BatchedFractions, BatchedMax, OnBad
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
@@ -33,7 +35,6 @@ from .compat import is_compiling as _is_compiling
 from .copies import leave_hooks_out_of_copies
 from .dtypes import DtypePolicy
 from .entry import DataEntry
-from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
 from .listeners import (
@@ -56,20 +57,19 @@ from .probes import (
     StepProbe,
     UpdateProbe,
 )
-from .records import StepMeta, StepRecord
 from .replaced import Replacements
 from .rerun import RngState, capture_rng, rerun_forward
 from .rows import RowQueue
 from .schedule import ProbeTable
 from .scope import BackwardScope, OptimizerReach, register_params, unregister_params
 from .stepping import BackwardSteps, StepNumbering
-from .tensors import all_finite, iter_tensors, reducible, tensor_evidence
+from .tensors import all_finite, iter_tensors, reducible
 from .transfer import read_now
 from .unwatched import Unwatched
 from .unwatched import functorch_active as _functorch_active
 from .watching import ModuleWatch
 
-__all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence", "weight_fault"]
+__all__ = ["Collector"]
 
 class Collector:
     """Schedules the probes' events and owns the ledger and the host ring.
@@ -87,9 +87,13 @@ class Collector:
         update_every: int,
         on_record: Callable[[StepRecord], None],
         ring_rows: int = 128,
+        thresholds: Optional[dict[str, float]] = None,
     ) -> None:
         self.model = model
         self.map = ModelMap(model)
+        #: The decoders of the device facts (``_record/fact.py``), shared by every record.
+        self.facts = FactSources()
+        self._thresholds = dict(thresholds or {})
         self.optimizers = optimizers
         self.hooks = HookSet()
         self.step = 0
@@ -182,7 +186,7 @@ class Collector:
         self._unwatched = Unwatched()
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(self.module_names))]
         self._grad_prehooks = [functools.partial(self._on_node_grads, i, 0) for i in range(len(self.module_names))]
-        self.rows = RowQueue(self.ledger, self.device, on_record, ring_rows)
+        self.rows = RowQueue(self.ledger, self.device, on_record, ring_rows, self.facts)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -220,6 +224,13 @@ class Collector:
     def add_probe(self, probe: Probe) -> None:
         """Set ``probe`` up and schedule the events it implements; a probe is added once."""
         self.table.add(probe, self)
+
+    def has_probe(self, kind: type[Probe]) -> bool:
+        return any(type(p) is kind for p in self.table.probes)
+
+    def step_in_progress(self) -> StepMeta:
+        """The host facts of the step in progress (not yet closed)."""
+        return self.meta
 
     def install(self) -> None:
         register_params(self, self.param_tensors)
@@ -327,6 +338,18 @@ class Collector:
             self.rows.drain()
 
     # ------------------------------------------------------------------ for probes
+    def publish(self, fact: Fact) -> None:
+        self.meta.publish(fact)
+
+    def mark_in_row(self, kind: type[Fact]) -> None:
+        self.meta.in_row.add(kind)
+
+    def provide(self, kind: type[Fact], decode: Callable[[StepRecord], Optional[Fact]]) -> None:
+        self.facts.provide(kind, decode)
+
+    def threshold(self, key: str, default: float) -> float:
+        return float(self._thresholds.get(key, default))
+
     def host_value(self, i: int) -> float:
         hv = self.ledger.host_view
         return float(hv[i]) if hv is not None else read_now(self.ledger.views[i])
@@ -655,7 +678,7 @@ class Collector:
         """Number the next step ``step`` (a resumed run continues its numbering); before any
         step was recorded."""
         self.step = step
-        self.meta = StepMeta(step=step, outgrad_complete=self.outgrad.watch_all_due(step))
+        self.meta = StepMeta(step=step, row=self.meta.row, outgrad_complete=self.outgrad.watch_all_due(step))
         self._sync_watch()
 
     def observe_loss(self, loss: torch.Tensor) -> None:
@@ -713,7 +736,7 @@ class Collector:
         self.rows.push(meta)
         closed = self.step
         self.step = self.numbering.following(self.step)
-        self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
+        self.meta = StepMeta(step=self.step, row=meta.row + 1, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
         self._root_call = None
         self._in_root = False
@@ -739,15 +762,15 @@ class Collector:
         Called when a fault raised mid-step: the step never reached ``optimizer.step()``, and a
         loop that catches the error and skips the batch must start the step again from clean
         slots (a NaN left in a slot would be charged to the next, healthy batch). The record
-        holds what the aborted step saw up to the fault (``meta.extra["partial"]``); its
+        holds what the aborted step saw up to the fault (``meta.partial``); its
         gradient norms were never taken, so every parameter is listed as missing.
         """
         meta = self.meta
-        meta.extra["partial"] = True
+        meta.partial = True
         meta.grad_missing = tuple(n for n, _ in self.params)
         self.drop_pending()
         record = self.rows.take(meta)
-        self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
+        self.meta = StepMeta(step=self.step, row=meta.row, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
         self._root_call = None
         self._written = set()

@@ -31,12 +31,12 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import nn
 
+from .._record import StepMeta
 from .cadence import WIDEN_AT
 from .compat import is_compiling as _is_compiling
 from .graph_taps import MaskTap, available
 from .patches import patch_for
 from .probe import Probe, ProbeHost
-from .records import StepMeta
 from .transfer import AsyncFetch
 
 __all__ = ["ReluSite", "ReluWatch"]
@@ -135,6 +135,10 @@ class ReluWatch(Probe):
         self.host = None
         if self.tap is not None:
             self.tap.close()
+
+    def traced(self) -> bool:
+        """Whether this model's hooks were traced by torch.compile."""
+        return self.host is not None and self.host.traced
 
     def unwatched_under_compile(self) -> list[str]:
         """What ``torch.compile`` hides from this watch: ``file:line`` of each functional ReLU

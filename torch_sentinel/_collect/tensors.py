@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import UninitializedTensorMixin  # type: ignore[attr-defined]  # not in the stubs
 
-from .records import TensorEvidence
+from .._record import TensorEvidence
 from .transfer import read_now
 
 __all__ = [

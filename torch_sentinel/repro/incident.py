@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepMeta
 from .._errors import NonFiniteError
+from .._record import StepMeta
 from .view import SentinelView
 
 __all__ = ["BUNDLE_FORMAT", "IncidentRecorder", "capture_rng", "restore_rng"]

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from .._collect.probe import Probe
-from .._collect.records import StepRecord
 from .._errors import NonFiniteError
 from .._findings import Finding
+from .._record import StepRecord
 
 __all__ = ["SentinelView"]
 

@@ -52,11 +52,11 @@ from .._collect.compat import CALL_IMPL_CODE
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.hookset import HookSet, ModuleHook
 from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepMeta
 from .._collect.rerun import RngState, capture_rng, rerun_forward
 from .._collect.tensors import iter_tensors
 from .._errors import SentinelError, ShapeContractError
 from .._findings import Finding
+from .._record import StepMeta
 from .notes import Annotation, ShapeNotes, mark_seen, seen, worth_a_note
 
 __all__ = ["ShapeWatch", "install_shape_notes", "module_calls"]

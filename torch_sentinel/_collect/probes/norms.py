@@ -8,25 +8,84 @@ their total norm goes into ``misc.stale_grad_norm``.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import warnings
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 import torch
 
+from ..._record import Fact, StepRecord
 from .. import batch
 from ..cadence import sampled
 from ..ledger import FLOAT_MAX
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
 from ..tensors import NATIVE_DTYPES, all_finite, foreach_norms, materialized, reduces
+from .clip import preclip
 
-__all__ = ["NormsProbe"]
+__all__ = ["GradNorms", "NormsProbe", "StaleGradients", "WeightNorms"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GradNorms(Fact):
+    """The L2 norm of each watched parameter's gradient at the optimizer step, **before**
+    clipping (what ``clip_grad_norm_`` saw; unscaled under AMP once the scaler unscaled them)."""
+
+    #: Parameter names, in the order of ``values`` (model parameters, then optimizer-only ones).
+    names: Sequence[str]
+    #: float64; 0 for a parameter without a gradient (see ``missing``).
+    values: np.ndarray
+    #: The norms after the step's clip calls, where the loop clipped (else None).
+    clipped: Optional[np.ndarray]
+    #: Parameters that had no ``.grad`` at the step.
+    missing: tuple[str, ...]
+    #: Parameters that did not require grad at the step.
+    frozen: tuple[str, ...]
+
+    def by_name(self) -> dict[str, float]:
+        return dict(zip(self.names, self.values.tolist()))
+
+    @property
+    def at_step(self) -> np.ndarray:
+        """The norms the optimizer step saw: after the step's clip calls, where there were any."""
+        return self.clipped if self.clipped is not None else self.values
+
+    @property
+    def total(self) -> float:
+        """The global norm over every parameter (what a clip over the whole model saw)."""
+        return float(np.sqrt((self.values**2).sum()))
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightNorms(Fact):
+    """The L2 norm of each watched weight as the optimizer step found it (the previous step's
+    result), on the steps that read them (``cadence.py``; every step in deferred mode)."""
+
+    names: Sequence[str]
+    #: float64.
+    values: np.ndarray
+
+    def by_name(self) -> dict[str, float]:
+        return dict(zip(self.names, self.values.tolist()))
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleGradients(Fact):
+    """Gradients already present at the step's first backward: they were not cleared since
+    the previous step."""
+
+    #: How many parameters held a gradient.
+    count: int
+    #: Their total L2 norm.
+    norm: float
 
 
 class NormsProbe(Probe):
     name = "norms"
+    publishes = (GradNorms, WeightNorms, StaleGradients)
 
     def __init__(self, update_every: int = 0) -> None:
         self.update_every = update_every
@@ -52,6 +111,9 @@ class NormsProbe(Probe):
         #: there one _foreach_norm is one launch).
         self._grouping = self._same_device and host.device.type == "cpu" and not batch.FUSED_ON_CPU
         self._group_plans_cache: dict[int, _GroupPlan] = {}
+        host.provide(GradNorms, _grad_norms)
+        host.provide(WeightNorms, _weight_norms)
+        host.provide(StaleGradients, _stale_gradients)
 
     # -- events ---------------------------------------------------------------------------
     def on_backward(self, loss: torch.Tensor) -> None:
@@ -332,3 +394,24 @@ def _dense(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if grad is not None and grad.is_sparse:
         return grad.coalesce()._values()
     return grad
+
+
+def _grad_norms(record: StepRecord) -> Optional[GradNorms]:
+    if not record.has("grad_norm") or not record.meta.backward_calls:
+        return None
+    at_step = record.array("grad_norm").astype(np.float64)
+    meta = record.meta
+    return GradNorms(record.keys("grad_norm"), preclip(record, at_step),
+                     at_step if meta.clipped else None, meta.grad_missing, meta.frozen)
+
+
+def _weight_norms(record: StepRecord) -> Optional[WeightNorms]:
+    if not record.meta.weights_recorded or not record.has("param_norm"):
+        return None
+    return WeightNorms(record.keys("param_norm"), record.array("param_norm").astype(np.float64))
+
+
+def _stale_gradients(record: StepRecord) -> Optional[StaleGradients]:
+    if not record.meta.stale_grads:
+        return None
+    return StaleGradients(record.meta.stale_grads, record.value("misc", "stale_grad_norm"))
