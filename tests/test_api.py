@@ -182,7 +182,7 @@ def test_validation_after_the_last_step_reaches_the_report(as_tensor: bool) -> N
     with torch_sentinel.attach(model, opt) as s:
         train(model, opt, "mlp", 3)
         s.observe_validation(torch.tensor(0.75) if as_tensor else 0.75)
-    validations = [r.validation for r in s._recent if r.validation is not None]
+    validations = [r.validation for r in s.recent_records() if r.validation is not None]
     assert validations == [0.75]
-    assert s._recent[-1].step == 3 and s._recent[-1].loss is None
+    assert s.recent_records()[-1].step == 3 and s.recent_records()[-1].loss is None
     assert s.report().ok

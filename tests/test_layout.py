@@ -19,22 +19,12 @@ MAX_LINES = 400
 
 #: Modules over MAX_LINES lines.
 LONG_MODULES_ALLOWED = {
-    # issue 22: the collector split (probes, boundaries and the row into their own classes)
-    "_collect/collector.py",
-    # issue 22: wiring, lifecycle and the fault path in one class; the fault path moves out with the step record
-    "_api.py",
     # issue 22: one sink; the per-module tag schedule and the hparams/text writers can move out
     "sinks/tensorboard.py",
-    # issue 22: the contract grammar and the hooks that check it; the hooks can move out
-    "shapes/contracts.py",
 }
 
 #: Import cycles (each a set of modules, as the strongly connected component they form).
-CYCLES_ALLOWED: set[frozenset[str]] = {
-    # issue 22: the patch listeners call back into the Collector, which builds them; the
-    # collector split gives them a narrow interface to call instead
-    frozenset({"_collect.collector", "_collect.listeners"}),
-}
+CYCLES_ALLOWED: set[frozenset[str]] = set()
 
 #: (module path, expression) pairs that still read another object's private member.
 PRIVATE_ACCESS_ALLOWED = {

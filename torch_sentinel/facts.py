@@ -7,7 +7,7 @@ module only gathers the public ones. The training loss itself is ``record.loss``
 ``record.validation``), and the learning rates ``record.meta.lrs``.
 """
 
-from ._collect.probes.amp import LossScale
+from ._collect.amp import LossScale
 from ._collect.probes.data import InputRange
 from ._collect.probes.forward import Activations
 from ._collect.probes.norms import GradNorms, StaleGradients, WeightNorms

@@ -48,7 +48,7 @@ def _hooked(model: nn.Module) -> int:
         fn = getattr(h, "func", None)
         if fn is raised_at_entry:  # the hooks where the user's call enters: the method is its argument
             fn = h.args[0]
-        return isinstance(h, ModuleHook) and type(getattr(fn, "__self__", None)).__name__ == "Collector"
+        return isinstance(h, ModuleHook) and type(getattr(fn, "__self__", None)).__name__ == "ForwardEvents"
     return sum(1 for m in list(model.modules())[1:] if any(map(collector_hook, m._forward_hooks.values())))
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from torch.utils.hooks import RemovableHandle
 
+from .._errors import SentinelError, without_our_frames
 from .patches import Patch, PatchListener
 
-__all__ = ["HookSet", "ModuleHook"]
+__all__ = ["HookSet", "ModuleHook", "WeakHook"]
 
 
 #: What an entry the copy could not leave out becomes: a builtin that takes any arguments and
@@ -107,3 +108,26 @@ class _WeakListener:
         listener = self._ref()
         if listener is not None:
             listener.after(args, kwargs, result)
+
+
+class WeakHook:
+    """A hook that calls a collector's bound method through a weak reference.
+
+    For hooks on objects the user may keep after the model is gone (the optimizer): through
+    a strong reference, a kept optimizer would keep the collector, and with it the model.
+    Once the collector is gone the hook does nothing (it is removed at close anyway).
+    """
+
+    __slots__ = ("_method",)
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self._method = weakref.WeakMethod(method)
+
+    def __call__(self, *args: Any) -> Any:
+        method = self._method()
+        if method is None:
+            return None
+        try:
+            return method(*args)
+        except SentinelError as err:  # an optimizer step: where the user's call entered
+            raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from .._collect.probes.amp import LossScale
+from .._collect.amp import LossScale
 from .._collect.probes.forward import Activations
 from .._collect.probes.norms import GradNorms, WeightNorms
 from .._collect.probes.updates import UpdateNorms

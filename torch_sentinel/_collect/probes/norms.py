@@ -153,7 +153,7 @@ class NormsProbe(Probe):
                 host.ledger.views[host.ledger.block("misc").start].copy_(total)
             self._stale_step = host.step
 
-    def cleared(self) -> None:
+    def on_cleared(self) -> None:
         """The gradients were cleared after this step's first backward (which is dropped):
         what it measured as stale is not."""
         host = self.host
