@@ -31,6 +31,7 @@ from ._options import Options, resolve_check_mode
 from .detectors import RunContext, default_detectors
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
+from .precision import PrecisionMonitor, PrecisionProbe
 from .repro.run_record import RunRecord
 from .shapes.watch import install_shape_notes
 from .sinks import SinkContext, build_sinks
@@ -79,6 +80,12 @@ class Sentinel(ModelSideHandle):
         collector.on_fault = self._on_immediate_fault
         collector.number_steps(options.start_step, options.step_source)
         c = collector
+        # Low-precision headroom (precision/): off only when asked, precision=().
+        precision = None
+        if options.precision != ():
+            precision_probe = PrecisionProbe(options.precision)
+            c.add_probe(precision_probe)
+            precision = PrecisionMonitor(precision_probe)
         held = {id(q) for o in optimizers for g in o.param_groups for q in g["params"]}
         side.context = context = RunContext(
             module_names=c.module_names,
@@ -94,6 +101,7 @@ class Sentinel(ModelSideHandle):
             rank=self.rank,
             exact_norms=c.ledger.host_view is not None,
             adversarial=lambda: c.adversarial,
+            precision=precision,
         )
         self._core_width = c.ledger.width
         side.nonfinite = NonFiniteDiagnosis(context)
@@ -216,7 +224,7 @@ class Sentinel(ModelSideHandle):
                     self._on_record(pending)
             finally:
                 self._flushing = False
-        self._flush_window()
+        self._flush_window(block=True)
         # Windows reach the sinks' files in the background (TensorBoard: within a few seconds);
         # an explicit flush puts everything on disk now.
         for sink in self._sinks:
@@ -418,8 +426,9 @@ class Sentinel(ModelSideHandle):
         if policy == "warn":
             warnings.warn(str(err), RuntimeWarning, stacklevel=3)
 
-    def _flush_window(self) -> None:
+    def _flush_window(self, block: bool = False) -> None:
         records, self._window = self._window, []
+        precision_rows = self._precision_rows(block)
         new: list[Finding] = []
         for d in self._detectors:
             try:
@@ -431,6 +440,9 @@ class Sentinel(ModelSideHandle):
         added = self._add_findings(new)
         for sink in self._sinks:
             self._safe(sink.write, records, added)
+            write_precision = getattr(sink, "write_precision", None)
+            if precision_rows and write_precision is not None:
+                self._safe(write_precision, precision_rows)
         if records:
             stats: dict[str, float] = {}
             for d in self._detectors:
@@ -443,6 +455,19 @@ class Sentinel(ModelSideHandle):
                     write_stats = getattr(sink, "write_stats", None)
                     if write_stats is not None:
                         self._safe(write_stats, records[-1].step, stats)
+
+    def _precision_rows(self, block: bool) -> list[Any]:
+        """The precision rows of the sampled steps that reached the host (``precision/``)."""
+        side = self._live_side()
+        context = side.context if side is not None else None
+        monitor = context.precision if context is not None else None
+        if monitor is None:
+            return []
+        try:
+            return monitor.update(block)
+        except Exception as exc:  # a sentinel bug must never stop training
+            logger.warning("torch_sentinel: precision rows failed: %s", exc)
+            return []
 
     def _finish_detector(self, detector: Any) -> None:
         self._add_findings(detector.finish(), write=True)

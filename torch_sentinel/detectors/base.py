@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 from .._collect.probe import Probe
 from .._collect.records import StepRecord
 from .._findings import Boundary, Finding
 from .state import host_state, restore_state
+
+if TYPE_CHECKING:
+    from ..precision.monitor import PrecisionMonitor
 
 __all__ = ["Detector", "RunContext"]
 
@@ -48,6 +51,9 @@ class RunContext:
     adversarial: Callable[[], bool] = lambda: False
     #: Detectors may stash device-side state here (accumulators) through the collector taps.
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The low-precision headroom rows (``attach(precision=...)``), read by the precision_*
+    #: detectors; None when no format is watched.
+    precision: Optional[PrecisionMonitor] = None
 
     def threshold(self, key: str, default: float) -> float:
         return float(self.thresholds.get(key, default))

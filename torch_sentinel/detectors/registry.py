@@ -14,6 +14,8 @@ from .no_gradient import NoGradientDetector
 from .no_update import NoUpdateDetector
 from .overfitting import OverfittingDetector
 from .plateau import PlateauDetector
+from .precision_overflow import PrecisionOverflowDetector
+from .precision_underflow import PrecisionUnderflowDetector
 from .probabilities_as_logits import ProbabilitiesAsLogitsDetector
 from .saturation import SaturationDetector
 from .unnormalized_input import UnnormalizedInputDetector
@@ -29,6 +31,7 @@ DETECTORS: list[type[Detector]] = [
     DeadReluDetector,
     EvalModeTrainingDetector,
     SaturationDetector,
+    PrecisionOverflowDetector,
     # loss
     ProbabilitiesAsLogitsDetector,
     # gradients
@@ -37,6 +40,7 @@ DETECTORS: list[type[Detector]] = [
     ExplodingGradientDetector,
     VanishingGradientDetector,
     AmpSkipsDetector,
+    PrecisionUnderflowDetector,
     # updates
     NoUpdateDetector,
     UnregisteredParameterDetector,

@@ -33,6 +33,8 @@ NEXT_CHECKS: dict[str, str] = {
     "amp_skips": "inspect_backward_path",
     "update_ratio": "inspect_learning_rate",
     "saturation": "inspect_initialization_and_input_scale",
+    "precision_overflow": "inspect_value_growth_and_learning_rate",
+    "precision_underflow": "scale_the_loss_or_use_bf16",
 }
 
 BOUNDARY_CHECKS: dict[str, str] = {
@@ -66,6 +68,8 @@ HYPOTHESES: dict[str, str] = {
     "amp_skips": "gradients are non-finite at every step, so the scaler never applies an update",
     "update_ratio": "the learning rate is out of scale with the weights",
     "saturation": "pre-activations are too large (initialisation or input scale), so units sit on flat ends",
+    "precision_overflow": "values grow by a steady factor per step and will pass the format's largest value",
+    "precision_underflow": "values are too small for the format the run computes in, so they round to zero",
 }
 
 

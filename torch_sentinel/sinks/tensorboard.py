@@ -19,6 +19,7 @@ from .._collect.probes.clip import CLIPPED, preclip_grad_norms
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ..diagnosis.ladder import HYPOTHESES, next_check_for
+from ..precision.monitor import PrecisionRow
 from .base import SinkContext
 from .schedule import ModuleSchedule, module_tag_bytes
 
@@ -47,6 +48,12 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
         "activation |max| per module": ["Multiline", [r"activation_absmax/.*"]],
         "dead-unit fraction per ReLU": ["Multiline", [r"dead_fraction/.*"]],
         "non-finite slots per boundary": ["Multiline", [r"nonfinite/.*"]],
+    },
+    "precision": {
+        "headroom (bits) per module": ["Multiline", [r"precision/.*/headroom_bits$"]],
+        "flushed to zero per module": ["Multiline", [r"precision/.*/flushed$"]],
+        "subnormal per module": ["Multiline", [r"precision/.*/subnormal$"]],
+        "saturated per module": ["Multiline", [r"precision/.*/saturated$"]],
     },
 }
 
@@ -181,6 +188,20 @@ class StepScalars:
                     yield tags[i], math.sqrt(float(usq[i] / wsq[i]))
 
 
+#: The figures of a precision row written to TensorBoard.
+PRECISION_FIGURES = ("flushed", "subnormal", "saturated", "headroom_bits")
+
+
+def precision_scalars(row: PrecisionRow) -> Iterator[tuple[str, float]]:
+    """A precision row's tags and values (a figure that is None, such as the headroom of an
+    all-zero tensor, is left out)."""
+    prefix = f"precision/{row.format}/{module_tag(row.module)}/" + ("grad/" if row.tensor == "gradient" else "")
+    for name in PRECISION_FIGURES:
+        value = getattr(row, name)
+        if value is not None:
+            yield prefix + name, float(value)
+
+
 def finding_markdown(findings: Sequence[Finding]) -> str:
     """Findings of one kind at one step, as the text plugin's markdown."""
     parts = []
@@ -312,6 +333,20 @@ class TensorBoardSink:
 
     def _module_tags(self, record: StepRecord) -> list[str]:
         return [t for t, _ in self._scalars.scalars(record, self.ctx.module_names, global_tags=False)]
+
+    def write_precision(self, rows: Sequence[PrecisionRow]) -> None:
+        """``precision/<format>/<module>/<figure>`` for activations and
+        ``precision/<format>/<module>/grad/<figure>`` for gradients, at the rows' sampled steps
+        that are per-module steps (``module_log_every``): they are per-module tags too."""
+        if self._failed or self._writer is None:
+            return
+        interval = self._modules.interval or self.ctx.log_every
+        by_step: dict[int, list[tuple[str, float]]] = {}
+        for row in rows:
+            if row.step % interval == 0:
+                by_step.setdefault(row.step, []).extend(precision_scalars(row))
+        for step, pairs in by_step.items():
+            self._guarded(self._add_scalars, pairs, step)
 
     def write_stats(self, step: int, stats: dict[str, float]) -> None:
         if not self._failed and self._writer is not None:

@@ -1,0 +1,139 @@
+"""Host side: histograms in, one row of figures per tensor, format and sampled step out.
+
+:class:`PrecisionMonitor` takes the probe's samples as they reach the host, derives the
+figures of every watched format (``derive.py``), follows each tensor's ``amax`` over the
+sampled steps (``trend.py``) and hands out :class:`PrecisionRow` s: to the detectors
+(``precision_overflow``, ``precision_underflow``), TensorBoard and ``precision.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+from .derive import finite_or_none, flushed_share, format_figures, tensor_figures
+from .formats import FORMATS
+from .probe import PrecisionProbe, Sample
+from .trend import AmaxTrend
+
+__all__ = ["ROW_FIELDS", "PrecisionMonitor", "PrecisionRow"]
+
+#: The fields of a row as written to ``precision.jsonl`` and printed by ``torch-sentinel precision --json``.
+ROW_FIELDS = ("module", "tensor", "format", "step", "flushed", "subnormal", "saturated", "amax",
+              "amin_nonzero", "headroom_bits", "steps_to_overflow")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionRow:
+    """One tensor in one format at one sampled step (fractions are of the tensor's elements)."""
+
+    module: str
+    #: ``"activation"`` (the module's output) or ``"gradient"`` (its own parameters' gradients).
+    tensor: str
+    format: str
+    step: int
+    flushed: float
+    subnormal: float
+    saturated: float
+    amax: Optional[float]
+    amin_nonzero: Optional[float]
+    headroom_bits: Optional[float]
+    #: Steps until ``amax`` is predicted to pass the format's overflow edge (0: already
+    #: past it), None when it is not growing.
+    steps_to_overflow: Optional[int]
+    #: The standard error of that prediction, in steps (see ``trend.Crossing``).
+    overflow_error: Optional[float] = None
+    #: Whether ``format`` is the one the run computes in (bf16/fp16 weights or autocast).
+    compute: bool = False
+    #: The share of the nonzero values that flush, and how it is known (``derive.flushed_share``).
+    flushed_share: float = 0.0
+    flushed_basis: str = "cast"
+    #: The gradients were measured times a GradScaler's scale (as backward computed them).
+    scaled: bool = False
+
+    @property
+    def predicted_overflow_step(self) -> Optional[int]:
+        return None if self.steps_to_overflow is None else self.step + self.steps_to_overflow
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ROW_FIELDS}
+
+
+class PrecisionMonitor:
+    """Derives rows from the probe's samples; keeps each tensor's ``amax`` trend.
+
+    Args:
+        probe: the probe whose samples it reads.
+        window: sampled steps in each ``amax`` fit.
+    """
+
+    def __init__(self, probe: PrecisionProbe, window: int = 6) -> None:
+        self.probe = probe
+        self.window = window
+        self._trends: dict[int, AmaxTrend] = {}
+        #: The rows of the last :meth:`update`, oldest step first.
+        self.fresh: list[PrecisionRow] = []
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The formats watched (empty until settled, or when nothing is watched)."""
+        return self.probe.watched or ()
+
+    @property
+    def compute_format(self) -> Optional[str]:
+        return self.probe.compute_format
+
+    def update(self, block: bool = False) -> list[PrecisionRow]:
+        """Rows of the sampled steps that reached the host since the last call.
+
+        Args:
+            block: wait for the copies still in flight (cold path).
+        """
+        rows: list[PrecisionRow] = []
+        for sample in self.probe.take_samples(block):
+            rows.extend(self._rows(sample))
+        self.fresh = rows
+        return rows
+
+    def _rows(self, sample: Sample) -> list[PrecisionRow]:
+        probe = self.probe
+        layout = probe.layout
+        tensor = tensor_figures(sample.counts, sample.amax_bits, layout)
+        figures = {name: format_figures(sample.counts, tensor, layout, FORMATS[name]) for name in self.formats}
+        out = []
+        for i, what in enumerate(probe.rows):
+            if tensor.numel[i] == 0:
+                continue  # the module did not run, or had no gradient, this step
+            scaled = sample.scaled and what.tensor == "gradient"
+            amax = float(tensor.amax[i])
+            trend = self._trends.setdefault(i, AmaxTrend(self.window))
+            if not scaled and tensor.nonfinite[i] == 0:
+                # A GradScaler moves the scale by factors of 2 on its own, and overflow of
+                # scaled gradients is its business (it skips the step): no trend there.
+                trend.add(sample.step, amax)
+            for name, fig in figures.items():
+                fmt = FORMATS[name]
+                ahead: Optional[int] = None
+                error: Optional[float] = None
+                if scaled:
+                    pass  # the scaler's business (see above)
+                elif fig.saturated[i] > 0:
+                    ahead, error = 0, 0.0
+                else:
+                    crossing = trend.crossing(fmt.edges()["overflow"].value)
+                    if crossing is not None:  # not past it yet: the next step at the earliest
+                        ahead = max(1, math.ceil(crossing.step) - sample.step)
+                        error = crossing.error
+                compute = name == self.compute_format
+                share, basis = flushed_share(int(fig.flushed_count[i]), int(fig.at_min_subnormal[i]),
+                                             int(tensor.zeros[i]), int(tensor.nonzero[i]))
+                out.append(PrecisionRow(
+                    module=what.module, tensor=what.tensor, format=name, step=sample.step,
+                    flushed=float(fig.flushed[i]), subnormal=float(fig.subnormal[i]),
+                    saturated=float(fig.saturated[i]), amax=finite_or_none(amax),
+                    amin_nonzero=finite_or_none(tensor.amin_nonzero[i]),
+                    headroom_bits=finite_or_none(fig.headroom_bits[i]), steps_to_overflow=ahead,
+                    overflow_error=error, compute=compute, flushed_share=share, flushed_basis=basis, scaled=scaled,
+                ))
+        return out

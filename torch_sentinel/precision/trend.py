@@ -1,0 +1,90 @@
+"""When will ``amax`` pass a format's limit? A log-linear fit over the recent samples.
+
+Activations and gradients that grow do so by a factor per step (a learning rate too high for
+the weights' scale, a residual stream adding up), so ``log2(amax)`` is fitted as a straight
+line in the step number, by least squares over the last few sampled steps. The samples are not
+evenly spaced (every step at first, then every tenth, then every fiftieth: ``cadence.py``);
+least squares on the step numbers themselves handles that. No prediction is made (None) unless
+the growth is real: enough samples over enough steps, a positive slope at least ``min_t``
+standard errors above zero, so noise around a flat level predicts nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Optional
+
+__all__ = ["AmaxTrend", "Crossing", "predict_crossing"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Crossing:
+    """Where the fitted line reaches the limit."""
+
+    #: The (fractional) step.
+    step: float
+    #: Its standard error in steps, from the scatter of the samples around the line (delta
+    #: method: the fitted value's error at that step over the slope). 0 for an exact line.
+    error: float
+
+
+def predict_crossing(steps: Sequence[int], log2_values: Sequence[float], log2_limit: float, *,
+                     min_samples: int = 4, min_span: int = 5, min_t: float = 3.0) -> Optional[Crossing]:
+    """Where the least-squares line through ``(step, log2 value)`` reaches ``log2_limit``;
+    None when the series is not growing or is too short to tell.
+
+    Args:
+        steps: the sampled steps, increasing.
+        log2_values: ``log2(amax)`` at those steps.
+        log2_limit: ``log2`` of the limit (a format's overflow edge).
+        min_samples: fewest samples to fit.
+        min_span: fewest steps from the first sample to the last.
+        min_t: the slope must be this many standard errors above zero.
+    """
+    n = len(steps)
+    if n < max(min_samples, 3) or steps[-1] - steps[0] < min_span:
+        return None
+    xs = [float(s) for s in steps]
+    mx = sum(xs) / n
+    my = sum(log2_values) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, log2_values)) / sxx
+    if slope <= 0:
+        return None
+    intercept = my - slope * mx
+    ssr = sum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, log2_values))
+    sigma = math.sqrt(ssr / (n - 2))
+    if sigma > 0 and slope / (sigma / math.sqrt(sxx)) < min_t:
+        return None
+    at = (log2_limit - intercept) / slope
+    error = sigma * math.sqrt(1.0 / n + (at - mx) ** 2 / sxx) / slope
+    return Crossing(at, error)
+
+
+class AmaxTrend:
+    """The last ``window`` samples of one tensor's ``log2(amax)``.
+
+    Args:
+        window: samples kept.
+    """
+
+    def __init__(self, window: int = 6) -> None:
+        self.samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
+
+    def add(self, step: int, amax: float) -> None:
+        """Record ``amax`` at ``step`` (zero and non-finite values are not a level to fit)."""
+        if amax > 0 and math.isfinite(amax):
+            if self.samples and self.samples[-1][0] >= step:
+                self.samples.clear()  # steps went back (a resumed run renumbered): start over
+            self.samples.append((step, math.log2(amax)))
+
+    def crossing(self, limit: float) -> Optional[Crossing]:
+        """Where ``amax`` is predicted to reach ``limit``, or None (see :func:`predict_crossing`)."""
+        if not self.samples:
+            return None
+        steps = [s for s, _ in self.samples]
+        values = [v for _, v in self.samples]
+        return predict_crossing(steps, values, math.log2(limit))

@@ -1,0 +1,59 @@
+"""``precision.jsonl``: one JSON object per line, per tensor, format and sampled step.
+
+The rows of :class:`~torch_sentinel.precision.monitor.PrecisionRow` (``ROW_FIELDS``), written
+as each window reaches the sinks. ``torch-sentinel precision RUN_DIR`` reads them back. The
+file is created with the first row: a run that watches no format (a float32 run by default)
+leaves none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import IO, Optional
+
+from .._collect.records import StepRecord
+from .._findings import Finding
+from ..precision.monitor import PrecisionRow
+from .base import SinkContext
+
+__all__ = ["PRECISION_FILE", "PrecisionFileSink"]
+
+PRECISION_FILE = "precision.jsonl"
+
+
+class PrecisionFileSink:
+    """Appends precision rows to ``log_dir/precision.jsonl`` (a rerun in the same directory
+    appends, as the other files do)."""
+
+    def __init__(self, ctx: SinkContext) -> None:
+        assert ctx.log_dir is not None
+        self.ctx = ctx
+        self.path = os.path.join(ctx.log_dir, PRECISION_FILE)
+        self._file: Optional[IO[str]] = None
+        self._failed = False
+
+    def write(self, records: Sequence[StepRecord], findings: Sequence[Finding]) -> None:
+        return None
+
+    def write_precision(self, rows: Sequence[PrecisionRow]) -> None:
+        if self._failed or not rows:
+            return
+        try:
+            if self._file is None:
+                self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives until close()
+            self._file.write("".join(json.dumps(r.to_dict()) + "\n" for r in rows))
+            self._file.flush()
+        except OSError as exc:
+            self._failed = True
+            self.ctx.log_dir_failure(f"writing {PRECISION_FILE}", exc)
+
+    def close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as exc:
+                self._failed = True
+                self.ctx.log_dir_failure(f"writing {PRECISION_FILE}", exc)
+            self._file = None
