@@ -73,7 +73,7 @@ class PrecisionUnderflowDetector(Detector):
         row = window[-1]
         fmt = FORMATS[row.format]
         mtype = self.ctx.module_types.get(row.module, "")
-        what = f"the {row.tensor}s of {row.module or '<model>'}" + (f" ({mtype})" if mtype else "")
+        what = f"{row.tensor}s of {row.module or '<model>'}" + (f" ({mtype})" if mtype else "")
         how = ("" if row.flushed_basis == "cast" else
                f" (extrapolated from the values at {row.format}'s smallest subnormal {fmt.min_subnormal:.3g}:"
                " the tensor was already rounded to it)")
