@@ -18,6 +18,10 @@ Thresholds:
 - ``precision_overflow.max_error`` = 1 step: the prediction's standard error (``trend.Crossing``)
   must be at most one step, so the predicted step is right within +-2 steps at two standard
   errors. A noisy or short series waits for more samples; a clean trend is reported at once.
+- ``precision_overflow.extrapolation`` = 2: the predicted step lies at most twice the fitted
+  span of steps beyond the last sample. Early training grows fast and then levels off (an MNIST
+  convnet's activations grow x1.2 a step over steps 5-10 and x1.01 by step 40): a line through
+  the first ten steps says nothing about step 60.
 """
 
 from __future__ import annotations
@@ -39,20 +43,20 @@ class PrecisionOverflowDetector(Detector):
     kind = "precision_overflow"
     boundary = "forward"
     #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"horizon": 100, "max_error": 1}
+    thresholds: ClassVar[dict[str, float]] = {"horizon": 100, "max_error": 1, "extrapolation": 2}
 
     def __init__(self, ctx: RunContext) -> None:
         super().__init__(ctx)
         self.horizon = int(threshold(self, "horizon"))
         self.max_error = threshold(self, "max_error")
+        self.extrapolation = threshold(self, "extrapolation")
         self._reported: set[tuple[str, str]] = set()
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
         monitor = self.ctx.precision
         if monitor is None:
             return []
-        due = [r for r in monitor.fresh if r.steps_to_overflow is not None and r.steps_to_overflow <= self.horizon
-               and (r.overflow_error or 0.0) <= self.max_error]
+        due = [r for r in monitor.fresh if self._due(r)]
         # The format the run computes in first, then the nearest overflow.
         due.sort(key=lambda r: (r.step, not r.compute, r.steps_to_overflow))
         found = []
@@ -62,6 +66,15 @@ class PrecisionOverflowDetector(Detector):
                 self._reported.add(key)
                 found.append(self._finding(row, monitor.compute_format))
         return found
+
+    def _due(self, row: PrecisionRow) -> bool:
+        ahead = row.steps_to_overflow
+        if ahead is None or ahead > self.horizon:
+            return False
+        if ahead == 0:
+            return True  # already past the edge: a count, not a prediction
+        return ((row.overflow_error or 0.0) <= self.max_error
+                and ahead <= self.extrapolation * (row.trend_span or 0))
 
     def _finding(self, row: PrecisionRow, compute: object) -> Finding:
         fmt = FORMATS[row.format]

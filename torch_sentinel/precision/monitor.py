@@ -44,6 +44,8 @@ class PrecisionRow:
     steps_to_overflow: Optional[int]
     #: The standard error of that prediction, in steps (see ``trend.Crossing``).
     overflow_error: Optional[float] = None
+    #: The steps the ``amax`` trend was fitted over (``trend.Crossing.span``).
+    trend_span: Optional[int] = None
     #: Whether ``format`` is the one the run computes in (bf16/fp16 weights or autocast).
     compute: bool = False
     #: The share of the nonzero values that flush, and how it is known (``derive.flushed_share``).
@@ -116,6 +118,7 @@ class PrecisionMonitor:
                 fmt = FORMATS[name]
                 ahead: Optional[int] = None
                 error: Optional[float] = None
+                span: Optional[int] = None
                 if scaled:
                     pass  # the scaler's business (see above)
                 elif fig.saturated[i] > 0:
@@ -124,7 +127,7 @@ class PrecisionMonitor:
                     crossing = trend.crossing(fmt.edges()["overflow"].value)
                     if crossing is not None:  # not past it yet: the next step at the earliest
                         ahead = max(1, math.ceil(crossing.step) - sample.step)
-                        error = crossing.error
+                        error, span = crossing.error, crossing.span
                 compute = name == self.compute_format
                 share, basis = flushed_share(int(fig.flushed_count[i]), int(fig.at_min_subnormal[i]),
                                              int(tensor.zeros[i]), int(tensor.nonzero[i]))
@@ -134,6 +137,6 @@ class PrecisionMonitor:
                     saturated=float(fig.saturated[i]), amax=finite_or_none(amax),
                     amin_nonzero=finite_or_none(tensor.amin_nonzero[i]),
                     headroom_bits=finite_or_none(fig.headroom_bits[i]), steps_to_overflow=ahead,
-                    overflow_error=error, compute=compute, flushed_share=share, flushed_basis=basis, scaled=scaled,
+                    overflow_error=error, trend_span=span, compute=compute, flushed_share=share, flushed_basis=basis, scaled=scaled,
                 ))
         return out

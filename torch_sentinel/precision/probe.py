@@ -37,7 +37,7 @@ from .._collect.cadence import sampled
 from .._collect.probe import Probe, ProbeHost
 from .._collect.records import StepMeta
 from .._collect.shards import local
-from .._collect.tensors import VALUE_PRESERVING, reducible
+from .._collect.tensors import VALUE_PRESERVING, materialized, reducible
 from .._collect.transfer import HostRing
 from .histogram import DeviceTables, add_histogram
 from .layout import BinLayout
@@ -217,10 +217,11 @@ class PrecisionProbe(Probe):
 
 
 def _param_format(params: list[torch.Tensor]) -> Optional[str]:
-    """"bf16"/"fp16" when most trainable elements are of that dtype."""
+    """"bf16"/"fp16" when most trainable elements are of that dtype (lazy parameters that are
+    not materialised yet do not count)."""
     by_dtype: dict[torch.dtype, int] = {}
     for p in params:
-        if p.is_floating_point():
+        if materialized(p) and p.is_floating_point():
             by_dtype[p.dtype] = by_dtype.get(p.dtype, 0) + p.numel()
     if not by_dtype:
         return None

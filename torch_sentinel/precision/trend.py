@@ -29,6 +29,9 @@ class Crossing:
     #: Its standard error in steps, from the scatter of the samples around the line (delta
     #: method: the fitted value's error at that step over the slope). 0 for an exact line.
     error: float
+    #: Steps from the first sample fitted to the last: how far the line was measured (a
+    #: prediction far beyond it extrapolates a trend that may not last).
+    span: int
 
 
 def predict_crossing(steps: Sequence[int], log2_values: Sequence[float], log2_limit: float, *,
@@ -61,7 +64,7 @@ def predict_crossing(steps: Sequence[int], log2_values: Sequence[float], log2_li
         return None
     at = (log2_limit - intercept) / slope
     error = sigma * math.sqrt(1.0 / n + (at - mx) ** 2 / sxx) / slope
-    return Crossing(at, error)
+    return Crossing(at, error, int(steps[-1] - steps[0]))
 
 
 class AmaxTrend:
