@@ -5,6 +5,7 @@ still reported before it overflows. Marked ``inductor`` (tens of seconds on CPU)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Optional
 
 import pytest
 import torch
@@ -48,7 +49,7 @@ def test_compiled_rows_match_eager_ones_and_the_graph_holds() -> None:
     compiled, compiled_findings = _run(compiled=True)
     assert dict(counters["graph_break"]) == {}
     steps = sorted({r.step for r in compiled.rows})
-    assert steps == list(range(10)) + [10, 20]  # sampled steps only, though the graph runs every step
+    assert steps == [*range(10), 10, 20]  # sampled steps only, though the graph runs every step
     for module in ("0", "2", "3", "4"):
         for fmt in ("fp16", "e4m3"):
             got, want = compiled.of(module, "activation", fmt), eager.of(module, "activation", fmt)
@@ -57,7 +58,7 @@ def test_compiled_rows_match_eager_ones_and_the_graph_holds() -> None:
                 # inductor's kernels may round a value differently from eager's by an ulp
                 assert g.amax == pytest.approx(w.amax, rel=1e-5)
                 assert (g.flushed, g.subnormal, g.saturated) == pytest.approx((w.flushed, w.subnormal, w.saturated), abs=1e-3)
-    def overflow(findings: list[torch_sentinel.Finding]) -> set[tuple[str | None, str]]:
+    def overflow(findings: list[torch_sentinel.Finding]) -> set[tuple[Optional[str], str]]:
         return {(f.module, f.evidence["format"]) for f in findings if f.kind == "precision_overflow"}
 
     assert overflow(compiled_findings) == overflow(eager_findings) != set()
