@@ -59,7 +59,7 @@ def histogram(x: torch.Tensor, scale: Any = None) -> tuple[np.ndarray, np.ndarra
 def figures(x: torch.Tensor, fmt: Format) -> tuple[TensorFigures, tuple[float, float, float]]:
     counts, amax = histogram(x)
     tensor = tensor_figures(counts, amax, LAYOUT)
-    f = format_figures(counts, tensor, LAYOUT, fmt)
+    f = format_figures(LAYOUT.tails(counts), tensor, LAYOUT, fmt)
     return tensor, (float(f.flushed[0]), float(f.subnormal[0]), float(f.saturated[0]))
 
 

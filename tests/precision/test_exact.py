@@ -24,7 +24,7 @@ def _adversarial(fmt: Format) -> torch.Tensor:
     multiples of the smallest subnormal, the top of the range, zeros, infinities, NaN."""
     values: list[float] = [0.0, 2.0**-149, 2.0**-140, 2.0**-127, 3.0e38, 3.4e38, float(np.finfo(np.float32).max)]
     for f in FORMATS.values():
-        for edge in f.edges().values():
+        for edge in f.edges.values():
             v = np.float32(edge.value)
             values += [float(v), float(np.nextafter(v, np.float32(0))), float(np.nextafter(v, np.float32(np.inf)))]
         q = f.min_subnormal

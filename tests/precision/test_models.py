@@ -119,7 +119,7 @@ def _grow(fmt: Format, overflow_at: int, steps: int, compute: bool = False) -> t
     with torch.no_grad():
         model[0].weight.mul_(16.0)  # its output, not the input, reaches the edge first
     x0 = torch.randn(64, 16, generator=torch.Generator().manual_seed(0))
-    edge = fmt.edges()["overflow"].value
+    edge = fmt.edges["overflow"].value
     start = edge / (model[0](x0).abs().max().item() * 1.1**overflow_at) * 1.01
     first = [-1]
 

@@ -22,6 +22,7 @@ edge itself is past it, because a tie at the edge rounds away from it):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Optional
 
@@ -76,6 +77,7 @@ class Format:
         """The spacing of the format's values just below ``M``."""
         return math.ldexp(1.0, math.frexp(self.max_finite)[1] - 1 - self.mantissa_bits)
 
+    @functools.cached_property
     def edges(self) -> dict[str, Edge]:
         """The four rounding edges (see the module docstring), exact dyadic values."""
         s = self.min_subnormal_exp

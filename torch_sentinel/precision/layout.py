@@ -83,7 +83,7 @@ class BinLayout:
         for k in range(LOWEST_EDGE, 128):
             named[f"binade:{k}"] = float32_bits(2.0**k)
         for fmt in FORMATS.values():
-            for edge_name, edge in fmt.edges().items():
+            for edge_name, edge in fmt.edges.items():
                 named[f"{fmt.name}.{edge_name}"] = _cut_bits(edge)
         cuts = tuple(sorted(set(named.values())))
         position = {c: i for i, c in enumerate(cuts)}
@@ -112,12 +112,18 @@ class BinLayout:
         cut[has] = cuts[inside_lo[has]]
         return base.astype(np.int32), cut.astype(np.int32)
 
-    def above(self, counts: np.ndarray, names: Sequence[str]) -> np.ndarray:
-        """Elements past each named cut, per row: ``counts`` is ``(rows, bins)``; the result is
+    @staticmethod
+    def tails(counts: np.ndarray) -> np.ndarray:
+        """``tails[:, i]``: the elements in bins ``>= i``, per row of ``counts`` (``(rows, bins)``),
+        with a last column of zeros."""
+        tails = np.zeros((counts.shape[0], counts.shape[1] + 1), dtype=np.int64)
+        tails[:, :-1] = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1]
+        return tails
+
+    def above(self, tails: np.ndarray, names: Sequence[str]) -> np.ndarray:
+        """Elements past each named cut, per row: ``tails`` from :meth:`tails`; the result is
         ``(rows, len(names))``."""
-        tail = np.cumsum(counts[:, ::-1], axis=1)[:, ::-1]  # tail[:, i] = elements in bins >= i
-        cols = [self.index[n] + 1 for n in names]
-        return tail[:, cols]
+        return tails[:, [self.index[n] + 1 for n in names]]
 
     def lower_edges(self) -> np.ndarray:
         """The smallest magnitude each bin can hold (float64; bin 0: 0, the last: inf)."""

@@ -12,6 +12,8 @@ import dataclasses
 import math
 from typing import Any, Optional
 
+import numpy as np
+
 from .derive import finite_or_none, flushed_share, format_figures, tensor_figures
 from .formats import FORMATS
 from .probe import PrecisionProbe, Sample
@@ -70,7 +72,7 @@ class PrecisionMonitor:
         window: sampled steps in each ``amax`` fit.
     """
 
-    def __init__(self, probe: PrecisionProbe, window: int = 6) -> None:
+    def __init__(self, probe: PrecisionProbe, window: int = 8) -> None:
         self.probe = probe
         self.window = window
         self._trends: dict[int, AmaxTrend] = {}
@@ -102,20 +104,23 @@ class PrecisionMonitor:
         probe = self.probe
         layout = probe.layout
         tensor = tensor_figures(sample.counts, sample.amax_bits, layout)
-        figures = {name: format_figures(sample.counts, tensor, layout, FORMATS[name]) for name in self.formats}
+        tails = layout.tails(np.asarray(sample.counts, dtype=np.int64))
+        figures = {name: format_figures(tails, tensor, layout, FORMATS[name]) for name in self.formats}
+        limits = {name: math.log2(FORMATS[name].edges["overflow"].value) for name in self.formats}
+        present = np.flatnonzero(tensor.numel > 0).tolist()  # rows of modules that ran, tensors that were there
+        amaxes = tensor.amax.tolist()
         out = []
-        for i, what in enumerate(probe.rows):
-            if tensor.numel[i] == 0:
-                continue  # the module did not run, or had no gradient, this step
+        for i in present:
+            what = probe.rows[i]
             scaled = sample.scaled and what.tensor == "gradient"
-            amax = float(tensor.amax[i])
+            amax = amaxes[i]
             trend = self._trends.setdefault(i, AmaxTrend(self.window))
             if not scaled and tensor.nonfinite[i] == 0:
                 # A GradScaler moves the scale by factors of 2 on its own, and overflow of
                 # scaled gradients is its business (it skips the step): no trend there.
                 trend.add(sample.step, amax)
+            line = None if scaled else trend.fit()
             for name, fig in figures.items():
-                fmt = FORMATS[name]
                 ahead: Optional[int] = None
                 error: Optional[float] = None
                 span: Optional[int] = None
@@ -123,20 +128,22 @@ class PrecisionMonitor:
                     pass  # the scaler's business (see above)
                 elif fig.saturated[i] > 0:
                     ahead, error = 0, 0.0
-                else:
-                    crossing = trend.crossing(fmt.edges()["overflow"].value)
-                    if crossing is not None:  # not past it yet: the next step at the earliest
-                        ahead = max(1, math.ceil(crossing.step) - sample.step)
-                        error, span = crossing.error, crossing.span
+                elif line is not None:  # not past the edge yet: the next step at the earliest
+                    crossing = line.crossing(limits[name])
+                    ahead = max(1, math.ceil(crossing.step) - sample.step)
+                    error, span = crossing.error, crossing.span
                 compute = name == self.compute_format
-                share, basis = flushed_share(int(fig.flushed_count[i]), int(fig.at_min_subnormal[i]),
-                                             int(tensor.zeros[i]), int(tensor.nonzero[i]))
+                share, basis = 0.0, "cast"
+                if compute:  # what precision_underflow reads
+                    share, basis = flushed_share(int(fig.flushed_count[i]), int(fig.at_min_subnormal[i]),
+                                                 int(tensor.zeros[i]), int(tensor.nonzero[i]))
                 out.append(PrecisionRow(
                     module=what.module, tensor=what.tensor, format=name, step=sample.step,
                     flushed=float(fig.flushed[i]), subnormal=float(fig.subnormal[i]),
                     saturated=float(fig.saturated[i]), amax=finite_or_none(amax),
                     amin_nonzero=finite_or_none(tensor.amin_nonzero[i]),
                     headroom_bits=finite_or_none(fig.headroom_bits[i]), steps_to_overflow=ahead,
-                    overflow_error=error, trend_span=span, compute=compute, flushed_share=share, flushed_basis=basis, scaled=scaled,
+                    overflow_error=error, trend_span=span, compute=compute, flushed_share=share,
+                    flushed_basis=basis, scaled=scaled,
                 ))
         return out

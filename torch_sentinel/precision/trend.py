@@ -15,9 +15,9 @@ import collections
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["AmaxTrend", "Crossing", "predict_crossing"]
+__all__ = ["AmaxTrend", "Crossing", "Line", "fit_growth", "predict_crossing"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,15 +34,35 @@ class Crossing:
     span: int
 
 
-def predict_crossing(steps: Sequence[int], log2_values: Sequence[float], log2_limit: float, *,
-                     min_samples: int = 4, min_span: int = 5, min_t: float = 3.0) -> Optional[Crossing]:
-    """Where the least-squares line through ``(step, log2 value)`` reaches ``log2_limit``;
-    None when the series is not growing or is too short to tell.
+@dataclasses.dataclass(frozen=True)
+class Line:
+    """A least-squares line through ``(step, log2 value)`` samples, and what its error needs."""
+
+    slope: float
+    intercept: float
+    #: The samples' scatter around the line (0 for samples exactly on it).
+    sigma: float
+    n: int
+    mean_step: float
+    sxx: float
+    span: int
+
+    def crossing(self, log2_limit: float) -> Crossing:
+        """Where the line reaches ``log2_limit`` (the slope is positive)."""
+        at = (log2_limit - self.intercept) / self.slope
+        error = self.sigma * math.sqrt(1.0 / self.n + (at - self.mean_step) ** 2 / self.sxx) / self.slope
+        return Crossing(at, error, self.span)
+
+
+def fit_growth(steps: Sequence[int], log2_values: Sequence[float], *, min_samples: int = 4, min_span: int = 5,
+               min_t: float = 3.0) -> Optional[Line]:
+    """The least-squares line through ``(step, log2 value)``, when it shows growth: enough
+    samples over enough steps, and a slope at least ``min_t`` standard errors above zero;
+    None otherwise.
 
     Args:
         steps: the sampled steps, increasing.
         log2_values: ``log2(amax)`` at those steps.
-        log2_limit: ``log2`` of the limit (a format's overflow edge).
         min_samples: fewest samples to fit.
         min_span: fewest steps from the first sample to the last.
         min_t: the slope must be this many standard errors above zero.
@@ -62,9 +82,15 @@ def predict_crossing(steps: Sequence[int], log2_values: Sequence[float], log2_li
     sigma = math.sqrt(ssr / (n - 2))
     if sigma > 0 and slope / (sigma / math.sqrt(sxx)) < min_t:
         return None
-    at = (log2_limit - intercept) / slope
-    error = sigma * math.sqrt(1.0 / n + (at - mx) ** 2 / sxx) / slope
-    return Crossing(at, error, int(steps[-1] - steps[0]))
+    return Line(slope, intercept, sigma, n, mx, sxx, int(steps[-1] - steps[0]))
+
+
+def predict_crossing(steps: Sequence[int], log2_values: Sequence[float], log2_limit: float,
+                     **growth: Any) -> Optional[Crossing]:
+    """Where the growth line (:func:`fit_growth`, same keyword arguments) reaches
+    ``log2_limit``; None when the series is not growing or is too short to tell."""
+    line = fit_growth(steps, log2_values, **growth)
+    return None if line is None else line.crossing(log2_limit)
 
 
 class AmaxTrend:
@@ -74,7 +100,7 @@ class AmaxTrend:
         window: samples kept.
     """
 
-    def __init__(self, window: int = 6) -> None:
+    def __init__(self, window: int = 8) -> None:
         self.samples: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
 
     def add(self, step: int, amax: float) -> None:
@@ -84,10 +110,13 @@ class AmaxTrend:
                 self.samples.clear()  # steps went back (a resumed run renumbered): start over
             self.samples.append((step, math.log2(amax)))
 
-    def crossing(self, limit: float) -> Optional[Crossing]:
-        """Where ``amax`` is predicted to reach ``limit``, or None (see :func:`predict_crossing`)."""
+    def fit(self) -> Optional[Line]:
+        """The growth line through the samples, or None (see :func:`fit_growth`)."""
         if not self.samples:
             return None
-        steps = [s for s, _ in self.samples]
-        values = [v for _, v in self.samples]
-        return predict_crossing(steps, values, math.log2(limit))
+        return fit_growth([s for s, _ in self.samples], [v for _, v in self.samples])
+
+    def crossing(self, limit: float) -> Optional[Crossing]:
+        """Where ``amax`` is predicted to reach ``limit``, or None."""
+        line = self.fit()
+        return None if line is None else line.crossing(math.log2(limit))
