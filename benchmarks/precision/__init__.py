@@ -5,11 +5,13 @@ python -m benchmarks.precision              # ~10 minutes on 2 shared CPU cores
 python -m benchmarks.precision --quick      # a smoke run: fewer tensors, runs and steps
 ```
 
-Four parts, each in its own module:
+Five parts, each in its own module:
 
 - ``exactness``: flushed / subnormal / saturated from the histogram against counts on torch's
   own cast (``x.to(dtype)``), 4 formats x 1,000 tensors of widely varied scale, shape,
   distribution and input dtype: the largest difference per format and figure.
+- ``estimate``: the share of flushed values estimated for tensors already rounded to fp16 (an
+  fp16 gradient), against the true share, for three distributions at four scales.
 - ``prediction``: 10 runs whose activations grow x1.1 a step, each to overflow fp16 at a
   different step (45 to 135): the step ``precision_overflow`` was concluded at, its predicted
   overflow step, and the step the activations really overflowed (checked on every step).

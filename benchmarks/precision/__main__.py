@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import exactness, overhead, prediction
+from . import estimate, exactness, overhead, prediction
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
@@ -28,6 +28,11 @@ def to_markdown(results: dict[str, Any]) -> str:
         err, nz = r["max_error"], r["tensors_with_nonzero"]
         lines.append(f"| {name} | {r['tensors']} | {r['elements']:,} | "
                      + " | ".join(f"{err[k]:.1g} ({nz[k]})" for k in ("flushed", "subnormal", "saturated")) + " |")
+    lines += ["", "**Underflow estimate** for tensors already rounded to fp16 (`derive.flushed_share`, "
+              "from the values at the smallest subnormal) against the true share of nonzero values that flush:",
+              "", "| distribution | scale | true | estimate |", "|---|---|---|---|"]
+    for r in results["estimate"]:
+        lines.append(f"| {r['distribution']} | 2^{r['scale_log2']} | {r['true']:.3f} | {r['estimate']:.3f} |")
     p = results["prediction"]
     lines += ["", f"**Prediction** of an fp16 overflow, activations growing x1.1 a step: {p['hits']} of "
               f"{p['of']} runs hit (concluded >= 10 steps ahead, predicted step within +-2):", "",
@@ -73,6 +78,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     }
     results["exactness"] = exactness.run(50 if quick else 1000)
     print("exactness:", {k: v["max_error"] for k, v in results["exactness"].items()}, file=sys.stderr)
+    results["estimate"] = estimate.run(10_000 if quick else 100_000)
     results["prediction"] = prediction.run(3 if quick else 10)
     print(f"prediction: {results['prediction']['hits']} of {results['prediction']['of']}", file=sys.stderr)
     results["overhead"] = []

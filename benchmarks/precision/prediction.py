@@ -50,7 +50,8 @@ def run_one(seed: int, target: int) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch_sentinel.attach(model, opt, precision=("fp16",),
-                                   disable={"unnormalized_input", "exploding_gradient", "diverging"}) as s:
+                                   disable={"unnormalized_input", "exploding_gradient", "diverging",
+                                            "update_ratio", "plateau"}) as s:
             for step in range(target + 15):
                 step_now[0] = step
                 x = torch.randn(64, 64, generator=g) * (start * GROWTH**step)

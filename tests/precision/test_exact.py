@@ -9,10 +9,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from precision.reference import LAYOUT, cast_fractions, figures, histogram
+from precision.reference import LAYOUT, TABLES, cast_fractions, figures, histogram
 
 from torch_sentinel.precision.derive import tensor_figures
 from torch_sentinel.precision.formats import FORMATS, Format
+from torch_sentinel.precision.histogram import Workspace, add_histogram
 from torch_sentinel.precision.layout import NO_CUT
 
 FMTS = list(FORMATS.values())
@@ -69,7 +70,15 @@ def test_the_lookup_tables_hold_one_cut_per_key_range() -> None:
     assert np.array_equal(got, want)
     # the cuts inside a key range: the strict edges, fp16's finer ones, "nonzero"
     inside = [c for c in LAYOUT.cuts if c % (1 << 15)]
-    assert (cut != NO_CUT).sum() == len(inside) == 8
+    finite_keys = cut[: 0x7F800000 >> 15]
+    assert (finite_keys != NO_CUT).sum() == len(inside) == 8
+
+
+def test_every_nan_pattern_lands_in_the_nonfinite_bin() -> None:
+    patterns = torch.tensor([0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF, -1], dtype=torch.int32)
+    counts, amax = histogram(patterns.view(torch.float32))
+    assert counts[0, -1] == 5 and counts[0, :-1].sum() == 0
+    assert amax[0] == 0x7FFFFFFF  # not finite: the host falls back to the highest finite bin
 
 
 def test_amax_is_exact_and_amin_a_lower_bound() -> None:
@@ -99,3 +108,16 @@ def test_a_scale_is_multiplied_in_before_counting() -> None:
     tensor = tensor_figures(counts, histogram(x * 2.0**16)[1], LAYOUT)
     assert np.array_equal(counts, histogram(x * 2.0**16)[0])
     assert tensor.amax[0] == 2.0**-4
+
+
+def test_the_workspace_path_counts_as_the_allocating_one() -> None:
+    g = torch.Generator().manual_seed(3)
+    tensors = [_adversarial(FORMATS["fp16"]), torch.randn(40, 30, generator=g).t() * 1e3,
+               torch.randn(7, generator=g).half(), torch.randn(500, generator=g) * 2.0**-130]
+    workspace = Workspace(torch.device("cpu"))
+    with_ws = torch.zeros(TABLES.width, dtype=torch.int64)
+    without = torch.zeros(TABLES.width, dtype=torch.int64)
+    for x in tensors:  # the workspace grows and shrinks its views across sizes
+        add_histogram(x, with_ws, TABLES, workspace=workspace)
+        add_histogram(x, without, TABLES)
+    assert torch.equal(with_ws, without)

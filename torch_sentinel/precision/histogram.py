@@ -10,10 +10,12 @@ under ``torch.compile``. Per tensor (float32 after an exact upcast of half and f
     row[bins]   = max(row[bins], max b)            (amax, maximum: the exact largest |x|)
 
 ``frexp`` gives the same exponent, and ``bincount`` the same counts; neither is used: on CUDA
-``bincount`` reads its input's maximum back to the host to size its output (a sync), under
-``torch.compile`` its data-dependent size breaks the graph, and on CPU ``frexp`` plus a
-threshold lookup per binade measured 2.9 ms for 262k elements where this takes ~2.6 ms
-(``torch.bucketize`` over the same cuts: 7.9 ms). See ``docs/precision.md``.
+``bincount`` reads its input's maximum back to the host to size its output (a sync), and under
+``torch.compile`` its data-dependent size breaks the graph. ``index_add_`` into a fixed-size
+row does neither.
+
+On CPU a fresh output of a few MB costs page faults on every op, as much as the op itself:
+there the intermediates go into a :class:`Workspace` the caller keeps for one sampled step.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from .layout import KEY_SHIFT, BinLayout
 
-__all__ = ["DeviceTables", "add_histogram"]
+__all__ = ["DeviceTables", "Workspace", "add_histogram"]
 
 _ABS_MASK = 0x7FFFFFFF
 
@@ -50,8 +52,25 @@ class DeviceTables:
         return self.bins + 1
 
 
+class Workspace:
+    """Four int32 buffers for the intermediates, grown to the largest tensor seen (eager CPU).
+
+    Args:
+        device: where they live.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._buffers = [torch.empty(0, dtype=torch.int32, device=device) for _ in range(4)]
+
+    def take(self, n: int) -> list[torch.Tensor]:
+        if self._buffers[0].numel() < n:
+            self._buffers = [torch.empty(n, dtype=torch.int32, device=self.device) for _ in range(4)]
+        return [b[:n] for b in self._buffers]
+
+
 def add_histogram(t: torch.Tensor, row: torch.Tensor, tables: DeviceTables,
-                  scale: Optional[torch.Tensor] = None) -> None:
+                  scale: Optional[torch.Tensor] = None, workspace: Optional[Workspace] = None) -> None:
     """Add ``t``'s magnitude histogram into ``row[:bins]`` and fold its largest magnitude's
     float32 bits into ``row[bins]`` (``row``: int64, ``tables.width`` slots).
 
@@ -60,15 +79,26 @@ def add_histogram(t: torch.Tensor, row: torch.Tensor, tables: DeviceTables,
         row: the destination, a view into the caller's buffer.
         tables: the layout's lookup tables on ``t``'s device.
         scale: a 0-d device tensor multiplied in first (a GradScaler's scale), or None.
+        workspace: buffers for the intermediates (eager only; None allocates them).
     """
     x = t.detach()
     if x.dtype is not torch.float32:
         x = x.float()
     if scale is not None:
         x = x * scale
-    bits = x.view(torch.int32).bitwise_and(_ABS_MASK).reshape(-1)
-    key = bits >> KEY_SHIFT
-    index = tables.base.index_select(0, key)
-    index += bits >= tables.cut.index_select(0, key)
+    flat = x.reshape(-1).view(torch.int32)
+    if workspace is None:
+        bits = torch.bitwise_and(flat, _ABS_MASK)
+        key = torch.bitwise_right_shift(bits, KEY_SHIFT)
+        index = tables.base.index_select(0, key)
+        index += bits >= tables.cut.index_select(0, key)
+    else:
+        bits, key, above, index = workspace.take(flat.numel())
+        torch.bitwise_and(flat, _ABS_MASK, out=bits)
+        torch.bitwise_right_shift(bits, KEY_SHIFT, out=key)
+        torch.index_select(tables.cut, 0, key, out=above)
+        torch.ge(bits, above, out=above)
+        torch.index_select(tables.base, 0, key, out=index)
+        index += above
     row[: tables.bins].index_add_(0, index, tables.one.expand(index.numel()))
     torch.maximum(row[tables.bins], bits.amax(), out=row[tables.bins])

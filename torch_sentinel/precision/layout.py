@@ -110,6 +110,11 @@ class BinLayout:
         cut = np.full(_KEYS, NO_CUT, dtype=np.int64)
         has = count == 1
         cut[has] = cuts[inside_lo[has]]
+        # NaN patterns reach 0x7FFFFFFF = NO_CUT: the key ranges past inf start one bin below the
+        # non-finite bin and have a cut every pattern passes, so no pattern goes past that bin.
+        nonfinite = starts >= _INF_BITS
+        base[nonfinite] -= 1
+        cut[nonfinite] = 0
         return base.astype(np.int32), cut.astype(np.int32)
 
     @staticmethod

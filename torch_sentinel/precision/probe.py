@@ -39,7 +39,7 @@ from .._collect.records import StepMeta
 from .._collect.shards import local
 from .._collect.tensors import VALUE_PRESERVING, materialized, reducible
 from .._collect.transfer import HostRing
-from .histogram import DeviceTables, add_histogram
+from .histogram import DeviceTables, Workspace, add_histogram
 from .layout import BinLayout
 
 __all__ = ["PrecisionProbe", "Sample", "TensorRow"]
@@ -116,6 +116,9 @@ class PrecisionProbe(Probe):
         self._scale_slot = host.ledger.block("misc").index("amp_scale")
         #: The step whose histograms the buffer holds (eager steps), -1: none.
         self._filling = -1
+        #: Intermediates of the step being filled (CPU, eager): one allocation per sampled step
+        #: instead of page faults on every op; dropped when the row closes.
+        self._workspace: Optional[Workspace] = None
         self._scaled = False
         half = _param_format(host.param_tensors)
         if half is not None:
@@ -154,7 +157,7 @@ class PrecisionProbe(Probe):
             if not sampled(step):
                 return
             self._begin(step)
-        add_histogram(t, self.buffer[row], self.tables)
+        add_histogram(t, self.buffer[row], self.tables, workspace=None if compiling else self._workspace)
 
     def on_pre_step(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
         host = self.host
@@ -172,7 +175,7 @@ class PrecisionProbe(Probe):
                 grad = grad.coalesce()._values()
             grad = local(grad)
             if reducible(grad):
-                add_histogram(grad, self.buffer[self._grad_row[id(p)]], self.tables, scale)
+                add_histogram(grad, self.buffer[self._grad_row[id(p)]], self.tables, scale, self._workspace)
 
     def on_row_close(self, meta: StepMeta) -> None:
         if not self.watched:
@@ -194,6 +197,8 @@ class PrecisionProbe(Probe):
         if self._filling != step and not self.host.traced:
             self.buffer.zero_()
             self._scaled = False
+        if self._workspace is None and self.host.device.type == "cpu":
+            self._workspace = Workspace(self.host.device)
         self._filling = step
 
     def _push(self, step: int) -> None:
@@ -201,6 +206,7 @@ class PrecisionProbe(Probe):
         self._ring.push(self.buffer.view(-1), (step, self._scaled))
         self._filling = -1
         self._scaled = False
+        self._workspace = None
 
     def _collect(self, block: bool) -> None:
         width = self.tables.width
