@@ -5,7 +5,7 @@ python -m benchmarks.precision              # ~10 minutes on 2 shared CPU cores
 python -m benchmarks.precision --quick      # a smoke run: fewer tensors, runs and steps
 ```
 
-Five parts, each in its own module:
+Six parts, each in its own module:
 
 - ``exactness``: flushed / subnormal / saturated from the histogram against counts on torch's
   own cast (``x.to(dtype)``), 4 formats x 1,000 tensors of widely varied scale, shape,
@@ -18,6 +18,8 @@ Five parts, each in its own module:
 - ``overhead``: the sentinel with every format watched against the same sentinel with
   ``precision=()`` and the bare loop, step by step interleaved, over the first 100 steps and
   in the steady state after them, at the default sampling.
+- ``device_cost``: nanoseconds per element of one histogram, against ``frexp`` + ``bincount``,
+  ``torch.bucketize`` and one ``aminmax``.
 - ``host reads``: device-to-host reads counted at the dispatcher (``count_host_syncs``) over
   sampled and ordinary steps, with and without the precision probe.
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import estimate, exactness, overhead, prediction
+from . import device_cost, estimate, exactness, overhead, prediction
 
 RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
 
@@ -54,6 +54,10 @@ def to_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {r['model']} | {label} | {e['steps']} ({e['sampled_steps']}) | {e['bare_ms']:.1f} | "
                          f"{e['precision_vs_sentinel']:.3f} | {e['sentinel_vs_bare']:.3f} | "
                          f"{e['precision_vs_bare']:.3f} | {extra} |")
+    d = results["device_cost"]
+    lines += ["", f"**Device cost** of one tensor ({d['numel']:,} float32 elements, one CPU thread, median of "
+              "interleaved rounds):", "", "| what | ns per element |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in d["ns_per_element"].items()]
     h = results["host_reads"]
     lines += ["", f"**Host reads** (`count_host_syncs`, steps 0-11 and 100-101 of the {h['model']}, no flush): "
               + "; ".join(f"{check}: bare {c['bare']}, sentinel {c['sentinel']}, with precision "
@@ -81,6 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results["estimate"] = estimate.run(10_000 if quick else 100_000)
     results["prediction"] = prediction.run(3 if quick else 10)
     print(f"prediction: {results['prediction']['hits']} of {results['prediction']['of']}", file=sys.stderr)
+    results["device_cost"] = device_cost.run(1 << 16 if quick else 1 << 20)
     results["overhead"] = []
     for name in args.models.split(","):
         steady = {"transformer": 100}.get(name, 200)
