@@ -27,7 +27,7 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 from .._collect.records import StepRecord
 from .._findings import Finding
@@ -76,16 +76,16 @@ class PrecisionOverflowDetector(Detector):
         return ((row.overflow_error or 0.0) <= self.max_error
                 and ahead <= self.extrapolation * (row.trend_span or 0))
 
-    def _finding(self, row: PrecisionRow, compute: object) -> Finding:
+    def _finding(self, row: PrecisionRow, compute: Optional[str]) -> Finding:
         fmt = FORMATS[row.format]
         mtype = self.ctx.module_types.get(row.module, "")
         what = f"the {row.tensor}s of {row.module or '<model>'}" + (f" ({mtype})" if mtype else "")
         headroom = f"{row.headroom_bits:.1f} bits of headroom" if row.headroom_bits is not None else "no headroom"
         if row.steps_to_overflow == 0:
             text = (f"{row.saturated:.2%} of {what} already round above {row.format}'s largest value "
-                    f"{fmt.max_finite:g} at step {row.step} (|max| {row.amax:.4g})")
+                    f"{fmt.max_finite:g} at step {row.step} (|max| {_number(row.amax)})")
         else:
-            text = (f"the largest |value| among {what} grows steadily ({row.amax:.4g} at step {row.step}, "
+            text = (f"the largest |value| among {what} grows steadily ({_number(row.amax)} at step {row.step}, "
                     f"{headroom}): it is predicted to pass {row.format}'s largest value {fmt.max_finite:g} "
                     f"at step {row.predicted_overflow_step}, {row.steps_to_overflow} steps ahead")
         if row.compute:
@@ -104,3 +104,7 @@ class PrecisionOverflowDetector(Detector):
                       "horizon": self.horizon},
             next_check="inspect_value_growth_and_learning_rate", rank=self.ctx.rank,
         )
+
+
+def _number(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.4g}"

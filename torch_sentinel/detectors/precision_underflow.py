@@ -78,7 +78,7 @@ class PrecisionUnderflowDetector(Detector):
                f" (extrapolated from the values at {row.format}'s smallest subnormal {fmt.min_subnormal:.3g}:"
                " the tensor was already rounded to it)")
         text = (f"{median:.1%} of the nonzero {what} flush to zero in {row.format}, the format this run "
-                f"computes in, over {len(window)} sampled steps{how}; |max| {row.amax:.3g}")
+                f"computes in, over {len(window)} sampled steps{how}" + (f"; |max| {row.amax:.3g}" if row.amax else ""))
         if row.tensor == "gradient":
             text += ": those entries update nothing. Scale the loss (torch.amp.GradScaler) or compute in bf16"
         return Finding(

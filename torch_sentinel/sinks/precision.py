@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import IO, Optional
 
 from .._collect.records import StepRecord
@@ -18,9 +18,28 @@ from .._findings import Finding
 from ..precision.monitor import PrecisionRow
 from .base import SinkContext
 
-__all__ = ["PRECISION_FILE", "PrecisionFileSink"]
+__all__ = ["PRECISION_FIGURES", "PRECISION_FILE", "PrecisionFileSink", "precision_scalars"]
 
 PRECISION_FILE = "precision.jsonl"
+
+#: The figures of a precision row written to TensorBoard.
+PRECISION_FIGURES = ("flushed", "subnormal", "saturated", "headroom_bits")
+
+
+def precision_scalars(row: PrecisionRow, module: str) -> Iterator[tuple[str, float]]:
+    """A precision row's TensorBoard tags and values: ``precision/<format>/<module>/<figure>``,
+    with ``grad/`` before the figure for gradients (a figure that is None, such as the headroom
+    of an all-zero tensor, is left out).
+
+    Args:
+        row: the row.
+        module: the module's name as tags spell it (``tensorboard.module_tag``).
+    """
+    prefix = f"precision/{row.format}/{module}/" + ("grad/" if row.tensor == "gradient" else "")
+    for name in PRECISION_FIGURES:
+        value = getattr(row, name)
+        if value is not None:
+            yield prefix + name, float(value)
 
 
 class PrecisionFileSink:

@@ -21,6 +21,7 @@ from .._findings import Finding
 from ..diagnosis.ladder import HYPOTHESES, next_check_for
 from ..precision.monitor import PrecisionRow
 from .base import SinkContext
+from .precision import precision_scalars
 from .schedule import ModuleSchedule, module_tag_bytes
 
 __all__ = ["LAYOUT", "ROOT_TAG", "StepScalars", "TensorBoardSink"]
@@ -188,20 +189,6 @@ class StepScalars:
                     yield tags[i], math.sqrt(float(usq[i] / wsq[i]))
 
 
-#: The figures of a precision row written to TensorBoard.
-PRECISION_FIGURES = ("flushed", "subnormal", "saturated", "headroom_bits")
-
-
-def precision_scalars(row: PrecisionRow) -> Iterator[tuple[str, float]]:
-    """A precision row's tags and values (a figure that is None, such as the headroom of an
-    all-zero tensor, is left out)."""
-    prefix = f"precision/{row.format}/{module_tag(row.module)}/" + ("grad/" if row.tensor == "gradient" else "")
-    for name in PRECISION_FIGURES:
-        value = getattr(row, name)
-        if value is not None:
-            yield prefix + name, float(value)
-
-
 def finding_markdown(findings: Sequence[Finding]) -> str:
     """Findings of one kind at one step, as the text plugin's markdown."""
     parts = []
@@ -344,7 +331,7 @@ class TensorBoardSink:
         by_step: dict[int, list[tuple[str, float]]] = {}
         for row in rows:
             if row.step % interval == 0:
-                by_step.setdefault(row.step, []).extend(precision_scalars(row))
+                by_step.setdefault(row.step, []).extend(precision_scalars(row, module_tag(row.module)))
         for step, pairs in by_step.items():
             self._guarded(self._add_scalars, pairs, step)
 
