@@ -4,16 +4,18 @@ the tests share (a sink that keeps the rows, the histogram of one tensor)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from torch_sentinel import StepRecord
 from torch_sentinel.precision.derive import TensorFigures, format_figures, tensor_figures
 from torch_sentinel.precision.formats import Format
 from torch_sentinel.precision.histogram import DeviceTables, add_histogram
 from torch_sentinel.precision.layout import BinLayout
 from torch_sentinel.precision.monitor import PrecisionRow
+from torch_sentinel.precision.probe import PrecisionRows
 
 LAYOUT = BinLayout.default()
 TABLES = DeviceTables(LAYOUT, torch.device("cpu"))
@@ -64,16 +66,22 @@ def figures(x: torch.Tensor, fmt: Format) -> tuple[TensorFigures, tuple[float, f
 
 
 class RowSink:
-    """A sink that keeps every precision row (``Sentinel.add_sink``)."""
+    """A sink that keeps every precision row the records carry (``Sentinel.add_sink``), and
+    what the last fact said of the formats."""
 
     def __init__(self) -> None:
         self.rows: list[PrecisionRow] = []
+        self.formats: tuple[str, ...] = ()
+        self.compute_format: Optional[str] = None
+        self.facts = 0
 
-    def write(self, records: Sequence[Any], findings: Sequence[Any]) -> None:
-        pass
-
-    def write_precision(self, rows: Sequence[PrecisionRow]) -> None:
-        self.rows.extend(rows)
+    def write(self, records: Sequence[StepRecord], findings: Sequence[Any]) -> None:
+        for record in records:
+            fact = record.fact(PrecisionRows)
+            if fact is not None:
+                self.rows.extend(fact.rows)
+                self.formats, self.compute_format = fact.formats, fact.compute_format
+                self.facts += 1
 
     def close(self) -> None:
         pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+from typing import Any
 
 import pytest
 import torch
@@ -76,7 +77,9 @@ def _underflow_run(loop: str, steps: int = 12) -> torch_sentinel.Report:
     scaler = torch.amp.GradScaler("cpu", enabled=loop == "autocast fp16 + GradScaler")
     g = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if loop == "autocast bf16" else torch.float16
+    sink = RowSink()
     with torch_sentinel.attach(model, opt, flush_every=5, disable={"update_ratio", "plateau"}) as s:
+        s.add_sink(sink)
         for _ in range(steps):
             x, y = torch.randn(256, 32, generator=g), torch.randn(256, 1, generator=g)
             if loop == "fp16 weights":
@@ -87,9 +90,9 @@ def _underflow_run(loop: str, steps: int = 12) -> torch_sentinel.Report:
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
-        assert s.context.precision is not None
-        assert s.context.precision.formats == (("bf16",) if loop == "autocast bf16" else ("fp16",))
-        return s.report()
+        report = s.report()
+    assert sink.formats == (("bf16",) if loop == "autocast bf16" else ("fp16",)) == (sink.compute_format,)
+    return report
 
 
 @pytest.mark.parametrize("loop", ["autocast fp16", "fp16 weights"], ids=["autocast", "half-weights"])
@@ -170,29 +173,27 @@ def test_fp16_activations_growing_are_a_warning_before_the_nonfinite_error() -> 
     assert f.evidence["predicted_overflow_step"] == pytest.approx(40, abs=2) and f.step <= 30
 
 
+def _watched(model: nn.Module, steps: int = 2, **options: Any) -> RowSink:
+    """What a sentinel with ``options`` watched on ``steps`` sampled steps of ``model``."""
+    sink = RowSink()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    dtype = next(model.parameters()).dtype
+    with torch_sentinel.attach(model, opt, **options) as s:
+        s.add_sink(sink)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.randn(8, 20, dtype=dtype)).float().sum().backward()
+            opt.step()
+    return sink
+
+
 def test_defaults_watch_the_dtype_the_run_computes_in(tmp_path: pathlib.Path) -> None:
     torch.manual_seed(0)
-    fp32 = MLP()
-    opt = torch.optim.SGD(fp32.parameters(), lr=0.01)
-    with torch_sentinel.attach(fp32, opt, log_dir=str(tmp_path / "fp32")) as s:
-        monitor = s.context.precision
-        assert monitor is not None and not monitor.probe.settled
-        for _ in range(3):
-            opt.zero_grad()
-            fp32(torch.randn(8, 20)).sum().backward()
-            opt.step()
-        assert monitor.formats == () and monitor.compute_format is None
-        assert not monitor.probe.due(0) and not monitor.probe.due(1)
-    assert not (tmp_path / "fp32" / "precision.jsonl").exists()
-
-    bf16 = MLP().to(torch.bfloat16)
-    with torch_sentinel.attach(bf16, torch.optim.SGD(bf16.parameters(), lr=0.01)) as s:
-        assert s.context.precision is not None and s.context.precision.formats == ("bf16",)
-
-    with torch_sentinel.attach(MLP(), precision=()) as s:
-        assert s.context.precision is None
-
-    asked = MLP().to(torch.float16)
-    with torch_sentinel.attach(asked, precision=("e4m3", torch.float8_e5m2, "e4m3fn")) as s:
-        assert s.context.precision is not None
-        assert s.context.precision.formats == ("e4m3", "e5m2") and s.context.precision.compute_format == "fp16"
+    fp32 = _watched(MLP(), log_dir=str(tmp_path / "fp32"))
+    assert fp32.facts == 0 and not (tmp_path / "fp32" / "precision.jsonl").exists()  # float32: nothing
+    bf16 = _watched(MLP().to(torch.bfloat16))
+    assert (bf16.formats, bf16.compute_format) == (("bf16",), "bf16") and bf16.facts == 2
+    assert _watched(MLP().to(torch.float16), precision=()).facts == 0
+    asked = _watched(MLP().to(torch.float16), precision=("e4m3", torch.float8_e5m2, "e4m3fn"))
+    assert (asked.formats, asked.compute_format) == (("e4m3", "e5m2"), "fp16")
+    assert {r.format for r in asked.rows} == {"e4m3", "e5m2"} and not any(r.compute for r in asked.rows)

@@ -1,61 +1,60 @@
 """``precision_underflow``: a tensor's small values flush to zero in the format the run computes in.
 
-Reads the rows of :class:`~torch_sentinel.precision.monitor.PrecisionMonitor` for the run's own
-format (bf16/fp16 weights or autocast; a float32 run has none, and is never reported). The
-figure is the share of a tensor's nonzero values that round to 0 (``derive.flushed_share``):
-exact where the tensor is finer than the format (float32 values an fp16 op will take in),
-extrapolated from the values sitting at the format's smallest subnormal where the tensor was
-already rounded to it (fp16 gradients: what fell below is among the zeros by now). The
-textbook case is fp16 gradients without a GradScaler; with one, gradients are measured times
-its scale, as backward computed them, and stay clear.
+Reads :class:`~torch_sentinel.precision.probe.PrecisionRows` for the run's own format (bf16/fp16
+weights or autocast; a float32 run has none, and is never reported). The figure is the share
+of a tensor's nonzero values that round to 0 (``derive.flushed_share``): exact where the tensor
+is finer than the format (float32 values an fp16 op will take in), extrapolated from the values
+sitting at the format's smallest subnormal where the tensor was already rounded to it (fp16
+gradients: what fell below is among the zeros by now). The textbook case is fp16 gradients
+without a GradScaler; with one, gradients are measured times its scale, as backward computed
+them, and stay clear.
 
 Severity: ``warning`` for gradients (flushed gradient entries are updates lost); ``info`` for
 activations (a forward value below fp16's subnormals is usually negligible next to the rest).
-
-Thresholds:
-- ``precision_underflow.fraction`` = 0.01: at least 1% of the nonzero values flush (issue 23).
-  A low bar on purpose: loss scaling (Micikevicius et al., 2018, "Mixed precision training")
-  exists because fp16 flushes small gradients, and a scaled run keeps this share near 0.
-- ``precision_underflow.min_samples`` = 3 sampled steps, median share: one unusual batch
-  does not decide.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import statistics
-from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from collections.abc import Iterable
 
-from .._collect.records import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 from ..precision.formats import FORMATS
 from ..precision.monitor import PrecisionRow
-from ._common import threshold
-from .base import Detector, RunContext
+from ..precision.probe import PrecisionRows
+from .base import Detector, Threshold
 
 __all__ = ["PrecisionUnderflowDetector"]
 
 
 class PrecisionUnderflowDetector(Detector):
     kind = "precision_underflow"
-    boundary = "gradients"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"fraction": 0.01, "min_samples": 3}
+    rung = "gradients"
+    next_check = "scale_the_loss_or_use_bf16"
+    hypothesis = "values are too small for the format the run computes in, so they round to zero"
+    reads = (PrecisionRows,)
+    thresholds = {
+        "fraction": Threshold(0.01, "issue 23: 1% of the nonzero values; low on purpose: loss scaling "
+                                    "(Micikevicius et al., 2018) exists because fp16 flushes small "
+                                    "gradients, and a scaled run keeps this share near 0"),
+        "min_samples": Threshold(3, "sampled steps, median share: one unusual batch does not decide"),
+    }
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.fraction = threshold(self, "fraction")
-        self.min_samples = int(threshold(self, "min_samples"))
+    def setup(self) -> None:
+        self.fraction = self.threshold("fraction")
+        self.min_samples = int(self.threshold("min_samples"))
         self._shares: dict[tuple[str, str], collections.deque[PrecisionRow]] = {}
         self._reported: set[tuple[str, str]] = set()
+        self._found: list[Finding] = []
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        monitor = self.ctx.precision
-        if monitor is None:
-            return []
-        found = []
-        for row in monitor.fresh:
+    def update(self, record: StepRecord) -> None:
+        fact = record.fact(PrecisionRows)
+        if fact is None:
+            return
+        for row in fact.rows:
             key = (row.module, row.tensor)
             if not row.compute or key in self._reported:
                 continue
@@ -66,7 +65,10 @@ class PrecisionUnderflowDetector(Detector):
             median = statistics.median(r.flushed_share for r in window)
             if median >= self.fraction:
                 self._reported.add(key)
-                found.append(self._finding(list(window), median))
+                self._found.append(self._finding(list(window), median))
+
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        found, self._found = self._found, []
         return found
 
     def _finding(self, window: list[PrecisionRow], median: float) -> Finding:
@@ -81,13 +83,12 @@ class PrecisionUnderflowDetector(Detector):
                 f"computes in, over {len(window)} sampled steps{how}" + (f"; |max| {row.amax:.3g}" if row.amax else ""))
         if row.tensor == "gradient":
             text += ": those entries update nothing. Scale the loss (torch.amp.GradScaler) or compute in bf16"
-        return Finding(
-            kind=self.kind, boundary="forward" if row.tensor == "activation" else "gradients",
-            message=text, module=row.module, step=row.step, onset_step=window[0].step,
+        finding = self.finding(
+            text, module=row.module, step=row.step, onset_step=window[0].step,
             severity="warning" if row.tensor == "gradient" else "info",
             evidence={"format": row.format, "tensor": row.tensor, "amax": row.amax,
                       "headroom_bits": row.headroom_bits, "flushed": median,
                       "flushed_basis": row.flushed_basis, "subnormal": row.subnormal,
                       "steps": [r.step for r in window], "threshold": self.fraction},
-            next_check="scale_the_loss_or_use_bf16", rank=self.ctx.rank,
         )
+        return finding if row.tensor == "gradient" else dataclasses.replace(finding, boundary="forward")

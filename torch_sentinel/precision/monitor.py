@@ -2,8 +2,9 @@
 
 :class:`PrecisionMonitor` takes the probe's samples as they reach the host, derives the
 figures of every watched format (``derive.py``), follows each tensor's ``amax`` over the
-sampled steps (``trend.py``) and hands out :class:`PrecisionRow` s: to the detectors
-(``precision_overflow``, ``precision_underflow``), TensorBoard and ``precision.jsonl``.
+sampled steps (``trend.py``) and hands out :class:`PrecisionRow` s, which the probe publishes
+(``PrecisionRows``) for the detectors (``precision_overflow``, ``precision_underflow``),
+TensorBoard and ``precision.jsonl``. Plain host code: no torch.
 """
 
 from __future__ import annotations
@@ -16,14 +17,36 @@ import numpy as np
 
 from .derive import finite_or_none, flushed_share, format_figures, tensor_figures
 from .formats import FORMATS
-from .probe import PrecisionProbe, Sample
+from .layout import BinLayout
 from .trend import AmaxTrend
 
-__all__ = ["ROW_FIELDS", "PrecisionMonitor", "PrecisionRow"]
+__all__ = ["ROW_FIELDS", "PrecisionMonitor", "PrecisionRow", "Sample", "TensorRow"]
 
 #: The fields of a row as written to ``precision.jsonl`` and printed by ``torch-sentinel precision --json``.
 ROW_FIELDS = ("module", "tensor", "format", "step", "flushed", "subnormal", "saturated", "amax",
               "amin_nonzero", "headroom_bits", "steps_to_overflow")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRow:
+    """What one row of the probe's device buffer holds."""
+
+    module: str
+    #: ``"activation"`` or ``"gradient"``.
+    tensor: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One sampled step's histograms, on the host."""
+
+    step: int
+    #: ``(rows, bins)`` element counts.
+    counts: np.ndarray
+    #: ``(rows,)`` float32 bit patterns of each row's largest magnitude.
+    amax_bits: np.ndarray
+    #: The gradient rows were multiplied by a GradScaler's scale.
+    scaled: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,53 +88,33 @@ class PrecisionRow:
 
 
 class PrecisionMonitor:
-    """Derives rows from the probe's samples; keeps each tensor's ``amax`` trend.
+    """Derives rows from samples; keeps each tensor's ``amax`` trend.
 
     Args:
-        probe: the probe whose samples it reads.
+        layout: the bins the samples were counted in.
+        rows: what each histogram row holds.
         window: sampled steps in each ``amax`` fit.
     """
 
-    def __init__(self, probe: PrecisionProbe, window: int = 8) -> None:
-        self.probe = probe
+    def __init__(self, layout: BinLayout, rows: list[TensorRow], window: int = 8) -> None:
+        self.layout = layout
+        self.rows = rows
         self.window = window
         self._trends: dict[int, AmaxTrend] = {}
-        #: The rows of the last :meth:`update`, oldest step first.
-        self.fresh: list[PrecisionRow] = []
 
-    @property
-    def formats(self) -> tuple[str, ...]:
-        """The formats watched (empty until settled, or when nothing is watched)."""
-        return self.probe.watched or ()
-
-    @property
-    def compute_format(self) -> Optional[str]:
-        return self.probe.compute_format
-
-    def update(self, block: bool = False) -> list[PrecisionRow]:
-        """Rows of the sampled steps that reached the host since the last call.
-
-        Args:
-            block: wait for the copies still in flight (cold path).
-        """
-        rows: list[PrecisionRow] = []
-        for sample in self.probe.take_samples(block):
-            rows.extend(self._rows(sample))
-        self.fresh = rows
-        return rows
-
-    def _rows(self, sample: Sample) -> list[PrecisionRow]:
-        probe = self.probe
-        layout = probe.layout
+    def derive(self, sample: Sample, formats: tuple[str, ...], compute_format: Optional[str]) -> list[PrecisionRow]:
+        """The rows of one sample in each of ``formats``; ``compute_format`` is the format the
+        run computes in (None: float32), for the underflow share and the rows' ``compute``."""
+        layout = self.layout
         tensor = tensor_figures(sample.counts, sample.amax_bits, layout)
         tails = layout.tails(np.asarray(sample.counts, dtype=np.int64))
-        figures = {name: format_figures(tails, tensor, layout, FORMATS[name]) for name in self.formats}
-        limits = {name: math.log2(FORMATS[name].edges["overflow"].value) for name in self.formats}
+        figures = {name: format_figures(tails, tensor, layout, FORMATS[name]) for name in formats}
+        limits = {name: math.log2(FORMATS[name].edges["overflow"].value) for name in formats}
         present = np.flatnonzero(tensor.numel > 0).tolist()  # rows of modules that ran, tensors that were there
         amaxes = tensor.amax.tolist()
         out = []
         for i in present:
-            what = probe.rows[i]
+            what = self.rows[i]
             scaled = sample.scaled and what.tensor == "gradient"
             amax = amaxes[i]
             trend = self._trends.setdefault(i, AmaxTrend(self.window))
@@ -132,7 +135,7 @@ class PrecisionMonitor:
                     crossing = line.crossing(limits[name])
                     ahead = max(1, math.ceil(crossing.step) - sample.step)
                     error, span = crossing.error, crossing.span
-                compute = name == self.compute_format
+                compute = name == compute_format
                 share, basis = 0.0, "cast"
                 if compute:  # what precision_underflow reads
                     share, basis = flushed_share(int(fig.flushed_count[i]), int(fig.at_min_subnormal[i]),

@@ -11,86 +11,84 @@ gradients of each module's own parameters, together. On a sampled step (``cadenc
 - ``on_pre_step``: each parameter's gradient goes into its module's gradient row, times the
   GradScaler's scale when one scaled this step's loss, so the figures are those of the
   gradients backward computed;
-- ``on_row_close``: the buffer is copied, without waiting, into a ring of host rows.
+- ``on_row_close``: the buffer is copied, without waiting, into a ring of host rows; the
+  samples whose copy has landed (on CPU, this one) are turned into rows
+  (:class:`~torch_sentinel.precision.monitor.PrecisionMonitor`) and published as the step's
+  :class:`PrecisionRows` fact. On an accelerator a sample lands a step or so later and is
+  published with the step it landed on; the last sampled step of a run whose training ends
+  right after may not land before detach.
 
 Ordinary steps launch nothing. Under ``torch.compile`` the output histograms are traced into
 the graph, which then computes them on every step: the buffer is cleared after each step and
 only sampled steps are copied.
 
-Which formats are watched is settled once: the formats asked for, or by default the dtype the
-run computes in, when it is bf16 or fp16: the parameters' dtype (at attach), else autocast's
-dtype at the first training forward. A float32 run watches nothing by default: from that first
-forward on the probe does nothing at all.
+Which formats are watched is settled once: the formats asked for (``attach(precision=...)``,
+which constructs this probe), or by default the dtype the run computes in when it is bf16 or
+fp16: the parameters' dtype (at attach), else autocast's dtype at the first training forward.
+A float32 run watches nothing by default: from that first forward on the probe does nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
-from typing import Any, Optional
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from .._collect.cadence import sampled
 from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepMeta
 from .._collect.shards import local
 from .._collect.tensors import VALUE_PRESERVING, materialized, reducible
 from .._collect.transfer import HostRing
+from .._record import Fact, StepMeta
 from .histogram import DeviceTables, Workspace, add_histogram
 from .layout import BinLayout
+from .monitor import PrecisionMonitor, PrecisionRow, Sample, TensorRow
 
-__all__ = ["PrecisionProbe", "Sample", "TensorRow"]
+__all__ = ["PrecisionProbe", "PrecisionRows"]
 
 _HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorRow:
-    """What one row of the buffer holds."""
+class PrecisionRows(Fact):
+    """The precision rows of the sampled steps whose histograms reached the host during this
+    step (each row carries its own sampled step): every watched tensor in every watched format."""
 
-    module: str
-    #: ``"activation"`` or ``"gradient"``.
-    tensor: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """One sampled step's histograms, on the host."""
-
-    step: int
-    #: ``(rows, bins)`` element counts.
-    counts: np.ndarray
-    #: ``(rows,)`` float32 bit patterns of each row's largest magnitude.
-    amax_bits: np.ndarray
-    #: The gradient rows were multiplied by a GradScaler's scale.
-    scaled: bool
+    rows: tuple[PrecisionRow, ...]
+    #: The formats watched.
+    formats: tuple[str, ...]
+    #: The format the run computes in ("bf16", "fp16"), or None for float32.
+    compute_format: Optional[str]
 
 
 class PrecisionProbe(Probe):
     """Histograms of module outputs and gradients on sampled steps.
 
     Args:
-        formats: the formats asked for (canonical names), or None for the default (the dtype
-            the run computes in, if bf16 or fp16).
+        formats: the formats asked for (canonical names, as ``attach(precision=...)``
+            validated them), or None for the default (the dtype the run computes in, if bf16
+            or fp16).
         ring_rows: sampled steps whose copies may be in flight to the host at once.
     """
 
     name = "precision"
+    publishes = (PrecisionRows,)
+    live_attributes: ClassVar[frozenset[str]] = frozenset(
+        {"host", "tables", "buffer", "layout", "monitor", "_ring", "_workspace", "_outputs"})
 
-    def __init__(self, formats: Optional[tuple[str, ...]], ring_rows: int = 8) -> None:
-        self.requested = formats
+    def __init__(self, formats: Optional[Sequence[str]] = None, ring_rows: int = 8) -> None:
+        self.requested = None if formats is None else tuple(formats)
         self.ring_rows = ring_rows
         #: The formats watched; None until settled (see the module docstring).
-        self.watched: Optional[tuple[str, ...]] = formats if formats else None
-        #: The format the run computes in ("bf16", "fp16"), or None for float32; None until settled.
+        self.watched: Optional[tuple[str, ...]] = self.requested if self.requested else None
+        #: The format the run computes in ("bf16", "fp16"), or None for float32.
         self.compute_format: Optional[str] = None
         self.settled = False
         self.rows: list[TensorRow] = []
         self.layout = BinLayout.default()
-        self._samples: list[Sample] = []
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, host: ProbeHost) -> None:
@@ -110,16 +108,17 @@ class PrecisionProbe(Probe):
                 owners[owner] = len(self.rows)
                 self.rows.append(TensorRow(owner, "gradient"))
             self._grad_row[id(p)] = owners[owner]
+        self.monitor = PrecisionMonitor(self.layout, self.rows)
         self.tables = DeviceTables(self.layout, host.device)
         self.buffer = torch.zeros(len(self.rows), self.tables.width, dtype=torch.int64, device=host.device)
         self._ring = HostRing(host.device, self.buffer.numel(), rows=self.ring_rows, dtype=torch.int64)
         self._scale_slot = host.ledger.block("misc").index("amp_scale")
         #: The step whose histograms the buffer holds (eager steps), -1: none.
         self._filling = -1
+        self._scaled = False
         #: Intermediates of the step being filled (CPU, eager): one allocation per sampled step
         #: instead of page faults on every op; dropped when the row closes.
         self._workspace: Optional[Workspace] = None
-        self._scaled = False
         half = _param_format(host.param_tensors)
         if half is not None:
             self._settle(half)
@@ -181,7 +180,12 @@ class PrecisionProbe(Probe):
         if not self.watched:
             return
         if self._filling == meta.step or (self.host.traced and sampled(meta.step)):
-            self._push(meta.step)
+            self._ring.push(self.buffer.view(-1), (meta.step, self._scaled))
+            self._filling = -1
+            self._scaled = False
+            self._workspace = None
+        if self._ring.pending():
+            self._publish_landed()
 
     def on_row_closed(self, step: int) -> None:
         if self.host.traced and self.watched:
@@ -189,6 +193,7 @@ class PrecisionProbe(Probe):
 
     def close(self) -> None:
         self.buffer = torch.zeros(0, dtype=torch.int64)
+        self._workspace = None
 
     # -- helpers --------------------------------------------------------------------------
     def _begin(self, step: int) -> None:
@@ -201,25 +206,17 @@ class PrecisionProbe(Probe):
             self._workspace = Workspace(self.host.device)
         self._filling = step
 
-    def _push(self, step: int) -> None:
-        self._collect(block=False)  # keep the ring from filling up with rows that landed
-        self._ring.push(self.buffer.view(-1), (step, self._scaled))
-        self._filling = -1
-        self._scaled = False
-        self._workspace = None
-
-    def _collect(self, block: bool) -> None:
+    def _publish_landed(self) -> None:
+        """Rows of the samples whose copy landed, as this step's fact (host work, no wait)."""
         width = self.tables.width
-        for (step, scaled), values in self._ring.drain(block=block):
+        formats = self.watched or ()
+        rows: list[PrecisionRow] = []
+        for (step, scaled), values in self._ring.drain(block=False):
             table = values.reshape(len(self.rows), width)
-            self._samples.append(Sample(step, table[:, :-1], table[:, -1], scaled))
-
-    def take_samples(self, block: bool = False) -> list[Sample]:
-        """The sampled steps whose copies reached the host, oldest first (host side; ``block``
-        waits for the copies in flight: the cold path of ``Sentinel.flush()``)."""
-        self._collect(block)
-        samples, self._samples = self._samples, []
-        return samples
+            rows.extend(self.monitor.derive(Sample(step, table[:, :-1], table[:, -1], scaled), formats,
+                                            self.compute_format))
+        if rows:
+            self.host.publish(PrecisionRows(tuple(rows), formats, self.compute_format))
 
 
 def _param_format(params: list[torch.Tensor]) -> Optional[str]:

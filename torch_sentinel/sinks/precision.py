@@ -1,9 +1,9 @@
 """``precision.jsonl``: one JSON object per line, per tensor, format and sampled step.
 
-The rows of :class:`~torch_sentinel.precision.monitor.PrecisionRow` (``ROW_FIELDS``), written
-as each window reaches the sinks. ``torch-sentinel precision RUN_DIR`` reads them back. The
-file is created with the first row: a run that watches no format (a float32 run by default)
-leaves none.
+The rows of the records' :class:`~torch_sentinel.precision.probe.PrecisionRows` facts
+(``monitor.ROW_FIELDS``), written as each window reaches the sinks.
+``torch-sentinel precision RUN_DIR`` reads them back. The file is created with the first row: a
+run that watches no format (a float32 run by default) leaves none.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import IO, Optional
 
-from .._collect.records import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 from ..precision.monitor import PrecisionRow
+from ..precision.probe import PrecisionRows
 from .base import SinkContext
 
 __all__ = ["PRECISION_FIGURES", "PRECISION_FILE", "PrecisionFileSink", "precision_scalars"]
@@ -54,9 +55,11 @@ class PrecisionFileSink:
         self._failed = False
 
     def write(self, records: Sequence[StepRecord], findings: Sequence[Finding]) -> None:
-        return None
-
-    def write_precision(self, rows: Sequence[PrecisionRow]) -> None:
+        rows: list[PrecisionRow] = []
+        for record in records:
+            fact = record.fact(PrecisionRows)
+            if fact is not None:
+                rows.extend(fact.rows)
         if self._failed or not rows:
             return
         try:
