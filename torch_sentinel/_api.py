@@ -34,6 +34,7 @@ from ._window import Window
 from .detectors import default_detectors, install_probes
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
+from .precision.probe import PrecisionProbe
 from .repro.run_record import RunRecord
 from .shapes.watch import install_shape_notes
 from .sinks import SinkContext, build_sinks
@@ -76,9 +77,14 @@ class Sentinel(ModelSideHandle):
         side.context = context = run_context(c, optimizers, options.thresholds, self.rank)
         self._core_width = c.ledger.width
         side.nonfinite = NonFiniteDiagnosis(context)
-        side.detectors = default_detectors(options.disable) + list(options.detectors)
+        # Low-precision headroom: the probe is built from attach(precision=...) (None: the
+        # dtype the run computes in); precision=() switches it off, its detectors with it.
+        precision_off = frozenset({"precision_overflow", "precision_underflow"}) if options.precision == () else frozenset()
+        side.detectors = default_detectors(options.disable | precision_off) + list(options.detectors)
         for d in side.detectors:
             d.bind(context)
+        if options.precision != ():
+            c.add_probe(PrecisionProbe(options.precision))
         install_probes(c, side.detectors)
         # After the core width: norms before clipping, from the loop's own clip calls.
         c.add_probe(ClipProbe())

@@ -14,6 +14,7 @@ from ._collect.probes.norms import GradNorms, StaleGradients, WeightNorms
 from ._collect.probes.outgrad import OutputGradients
 from ._collect.probes.updates import UpdateNorms
 from ._record import Fact
+from .precision.probe import PrecisionRows
 
 __all__ = [
     "Activations",
@@ -22,6 +23,7 @@ __all__ = [
     "InputRange",
     "LossScale",
     "OutputGradients",
+    "PrecisionRows",
     "StaleGradients",
     "UpdateNorms",
     "WeightNorms",

@@ -14,7 +14,7 @@ from typing import Optional
 __all__ = ["main"]
 
 #: Subcommand modules, in the order ``--help`` lists them. A module missing here is skipped.
-SUBCOMMANDS = ("demo", "report", "diff", "replay")
+SUBCOMMANDS = ("demo", "report", "diff", "replay", "precision")
 
 
 def build_parser() -> argparse.ArgumentParser:
