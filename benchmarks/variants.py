@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 import torch_sentinel
-from torch_sentinel.facts import Activations
 from torch_sentinel._collect.tensors import iter_tensors
+from torch_sentinel.facts import Activations
 
 __all__ = ["DEFAULT_VARIANTS", "VARIANTS", "SentinelVariant", "Variant", "make_variant"]
 

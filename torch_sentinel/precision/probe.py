@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from .._collect.cadence import sampled
+from .._collect.compat import sparse_values
 from .._collect.probe import Probe, ProbeHost
 from .._collect.shards import local
 from .._collect.tensors import VALUE_PRESERVING, materialized, reducible
@@ -171,7 +172,7 @@ class PrecisionProbe(Probe):
             if grad is None or (held is not None and id(p) not in held):
                 continue
             if grad.is_sparse:
-                grad = grad.coalesce()._values()
+                grad = sparse_values(grad)
             grad = local(grad)
             if reducible(grad):
                 add_histogram(grad, self.buffer[self._grad_row[id(p)]], self.tables, scale, self._workspace)
