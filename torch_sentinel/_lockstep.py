@@ -31,6 +31,7 @@ from torch import nn
 from ._collect.compat import is_compiling
 from ._collect.hookset import ModuleHook
 from ._collect.probe import Probe, ProbeHost
+from ._errors import raised_at_entry
 
 __all__ = ["Follower", "Lockstep"]
 
@@ -83,7 +84,9 @@ class Lockstep(Probe):
         model, self._model = self._model, None
         assert model is not None, "a Lockstep is set up once"
         # First of the forward pre-hooks: before DDP's or FSDP's own work in that forward.
-        host.hooks.add(model.register_forward_pre_hook(ModuleHook(self._before_forward), prepend=True))
+        # A SentinelError (the agreed fault, a replica divergence) leaves with the user's frames only.
+        hook = ModuleHook(raised_at_entry, self._before_forward)
+        host.hooks.add(model.register_forward_pre_hook(hook, prepend=True))
 
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         if not torch.is_grad_enabled() or is_compiling():

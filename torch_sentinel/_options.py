@@ -188,6 +188,11 @@ class Options:
     replica_check: str = "exact"
     #: "raise": ReplicaDivergenceError on every rank at the same step; "warn": a finding, go on.
     on_divergence: str = "raise"
+    #: Low-precision formats whose headroom is measured on sampled steps ("bf16", "fp16",
+    #: "e4m3", "e5m2"; see docs/precision.md). None: the dtype the run computes in when it is
+    #: bf16 or fp16 (weights, or autocast at the first training forward), nothing on a float32
+    #: run; () switches it off.
+    precision: Optional[tuple[str, ...]] = None
 
     @classmethod
     def build(cls, **kwargs: Any) -> Options:
@@ -247,6 +252,8 @@ class Options:
         self.detectors = _detectors(self.detectors)
         self.disable = _disable(self.disable, self.detectors)
         self.thresholds = _thresholds(self.thresholds, self.detectors)
+        if self.precision is not None:
+            self.precision = _precision(self.precision)
 
 
 def _detectors(value: Any) -> tuple[Any, ...]:
@@ -310,6 +317,30 @@ def _disable(value: Any, detectors: tuple[Any, ...] = ()) -> frozenset[str]:
                         headline=f"attach() option disable: unknown finding kind {kind!r}")
         out.add(kind)
     return frozenset(out)
+
+
+def _precision(value: Any) -> tuple[str, ...]:
+    """Canonical format names, in the order given, each once."""
+    import torch
+
+    from .precision.formats import FORMATS, canonical_format
+
+    valid = list(FORMATS)
+    example = "e.g. precision=('bf16', 'e4m3')"
+    if isinstance(value, (str, torch.dtype)) or not isinstance(value, Iterable) or isinstance(value, Mapping):
+        hint = (f"wrap it in a tuple: precision=({value!r},)" if canonical_format(value)
+                else f"leave it out for the default, or pass a tuple of formats, {example}")
+        raise _fail("precision", "a tuple (or list) of formats: " + ", ".join(valid), value, hint)
+    out: list[str] = []
+    for item in value:
+        name = canonical_format(item)
+        if name is None:
+            hint = _did_you_mean(item, valid) if isinstance(item, str) else f"name each format as a string, {example}"
+            raise _fail("precision", "formats: " + ", ".join(repr(v) for v in valid), item, hint,
+                        headline=f"attach() option precision: unknown format {item!r}")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
 
 
 def _thresholds(value: Any, detectors: tuple[Any, ...] = ()) -> dict[str, float]:

@@ -14,6 +14,8 @@ DDP's ``no_sync`` for all but the last), and injects what ``kw`` says on one ran
 from __future__ import annotations
 
 import contextlib
+import os
+import traceback
 import warnings
 from typing import Any
 
@@ -50,8 +52,10 @@ def _loop(rank: int, result: dict[str, Any], kw: dict[str, Any], model: nn.Modul
                 _flip(root.fc1.weight, 123, 0)
             result["last_step"] = step
     except torch_sentinel.NonFiniteError as err:
+        package = os.path.dirname(os.path.abspath(torch_sentinel.__file__)) + os.sep
+        ours = sum(f.filename.startswith(package) for f in traceback.extract_tb(err.__traceback__))
         result.update(raised="nonfinite", step=err.step, rank_blamed=err.rank, boundary=err.boundary,
-                      module=err.module, at=sentinel.step, message=str(err).splitlines()[0],
+                      module=err.module, at=sentinel.step, message=str(err).splitlines()[0], our_frames=ours,
                       finite_weights=all(bool(torch.isfinite(p).all()) for p in model.parameters()))
     except torch_sentinel.ReplicaDivergenceError as err:
         result.update(raised="replica", step=err.step, rank_blamed=err.rank, parameter=err.parameter,

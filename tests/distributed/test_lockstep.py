@@ -68,6 +68,7 @@ def test_accumulation_raises_at_the_next_micro_batch_before_the_update(runs: dic
         assert r["boundary"] == "data" and "on rank 2" in r["message"]
         assert r["at"] == 3 and r["last_step"] == 2
         assert r["finite_weights"]
+        assert r["our_frames"] <= 2  # the lockstep hook's entry, not the agreement's insides
 
 
 def test_accumulation_counts_optimizer_steps_for_the_replica_check(runs: dict[str, Any]) -> None:

@@ -198,7 +198,7 @@ def _fsdp_norms(rank: int, result: dict[str, Any], kw: dict[str, Any]) -> None:
             "update_norm": {n: float((p.detach() - before[n]).norm()) for n, p in reference.named_parameters()},
         })
     sentinel.flush()
-    for rec in list(sentinel._recent):
+    for rec in sentinel.recent_records():
         recorded.append({b: rec.mapping(b) for b in ("grad_norm", "param_norm", "update_norm")})
     result["recorded"] = recorded
     result["expected"] = expected

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -122,6 +122,8 @@ class LossInputs(Probe):
 
     name = "loss_inputs"
     publishes = (LossCall, LossInputRange, LossBroadcasts, CompiledLoss)
+    live_attributes: ClassVar[frozenset[str]] = frozenset(
+        {"probe_first", "probe_every", "_prob_outputs", "_slots", "_names"})
 
     def __init__(self, probe_first: int = 5, probe_every: int = 10) -> None:
         self.probe_first = probe_first

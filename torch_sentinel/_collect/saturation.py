@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 import torch
@@ -46,6 +46,8 @@ class SaturatedFractions(Fact):
 class SaturationWatch(Probe):
     name = "saturation"
     publishes = (SaturatedFractions,)
+    #: All set up at attach: the samples are kept by the detector.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"first", "every", "sites", "_slot", "_found"})
 
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first

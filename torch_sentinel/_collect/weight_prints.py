@@ -48,6 +48,8 @@ class WeightPrints(Probe):
 
     name = "weight_prints"
     publishes = (WeightChange,)
+    #: Set up at attach (the fingerprints hold device tensors of the live weights).
+    live_attributes = frozenset({"host", "_candidates", "_prints", "unprintable"})
 
     def __init__(self, candidates: Callable[[], set[str]]) -> None:
         self._candidates = candidates

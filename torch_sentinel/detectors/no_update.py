@@ -29,6 +29,7 @@ Thresholds:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
@@ -67,6 +68,9 @@ class NoUpdateDetector(Detector):
         self._candidates: set[str] = set()
         self.prints = WeightPrints(lambda: self._candidates)
 
+    #: Derived from the run at setup.
+    live_attributes = frozenset({"_resolution", "_optimizer_of"})
+
     def probes(self) -> Sequence[Probe]:
         return (self.prints,)
 
@@ -77,7 +81,7 @@ class NoUpdateDetector(Detector):
         # significant digits (eps 7.8e-3), so only steps above that are evidence there.
         self._resolution = {n: max(_RESOLUTION, float(torch.finfo(dtype).eps))
                             for n, dtype in self.ctx.param_dtypes.items() if dtype.is_floating_point}
-        self._prev: Optional[StepRecord] = None
+        self._prev: Optional[_Step] = None
         self._still: dict[str, list[int]] = {}
         self._max_lr = 0.0
         self._cleared_steps: list[int] = []
@@ -113,8 +117,8 @@ class NoUpdateDetector(Detector):
         prev = self._prev
         # Rows are compared when they are consecutive rows, whatever their step numbers:
         # Lightning's manual optimization with two optimizers numbers them 0, 2, 4, ...
-        if prev is not None and prev.meta.row == rec.meta.row - 1 and prev.meta.weights_recorded \
-                and rec.meta.weights_recorded and prev.meta.backward_calls and not prev.meta.amp_skipped:
+        if prev is not None and prev.row == rec.meta.row - 1 and prev.weights is not None \
+                and rec.meta.weights_recorded and prev.trained:
             self._compare(prev, rec, watched)
         if lrs:
             if max(lrs) == 0 and self._max_lr > 0 and self._lr_zero_since is None:
@@ -130,7 +134,7 @@ class NoUpdateDetector(Detector):
             self._frozen_steps.append(rec.step)
         if len(self._cleared_steps) < 16 and self._all_cleared(rec, watched):
             self._cleared_steps.append(rec.step)
-        self._prev = rec
+        self._prev = _Step.of(rec)
 
     def conclude(self, final: bool = False) -> Iterable[Finding]:
         watched = self._watched()
@@ -177,20 +181,19 @@ class NoUpdateDetector(Detector):
             return False
         return len(meta.grad_missing) >= len(trainable) and trainable <= set(meta.grad_missing)
 
-    def _compare(self, prev: StepRecord, rec: StepRecord, watched: list[str]) -> None:
-        w0, w1, g = prev.fact(WeightNorms), rec.fact(WeightNorms), prev.fact(GradNorms)
-        if w0 is None or w1 is None or g is None:
+    def _compare(self, prev: _Step, rec: StepRecord, watched: list[str]) -> None:
+        w1 = rec.fact(WeightNorms)
+        if prev.weights is None or w1 is None:
             return
-        # The gradients the step applied (after clipping): a gradient clipped to 0 moves nothing.
-        pre0, pre1, grads = w0.by_name(), w1.by_name(), dict(zip(g.names, g.at_step.tolist()))
-        lrs = [lr for lr in prev.meta.lrs if lr is not None]
+        pre0, pre1, grads = prev.weights, w1.by_name(), prev.grads
+        lrs = [lr for lr in prev.lrs if lr is not None]
         decayed = bool(lrs) and self._max_lr > 0 and 0 < max(lrs) < 1e-3 * self._max_lr
         lr_zero = bool(lrs) and max(lrs) == 0
         lr = max(lrs) if lrs else 1.0
-        skip = set(prev.meta.frozen) | set(prev.meta.grad_missing)
+        skip = set(prev.frozen) | set(prev.grad_missing)
         change = rec.fact(WeightChange)
         printed = set(change.names) if change is not None else set()
-        stepped = prev.meta.stepped
+        stepped = prev.stepped
         if len(self.ctx.optimizer_groups) > 1:
             # several optimizers: only those that stepped in that row moved anything
             skip |= {n for n in watched if self._optimizer_of.get(n, -1) not in stepped}
@@ -231,10 +234,9 @@ class NoUpdateDetector(Detector):
         owners = [self.ctx.owner(n) for n in still]
         module = common_module(owners)
         rec = self._prev
-        lrs = rec.meta.lrs if rec is not None else []
+        lrs = rec.lrs if rec is not None else []
         steps = sorted({s for v in still.values() for s in v})
-        last = rec.fact(GradNorms) if rec is not None else None
-        grads = dict(zip(last.names, last.at_step.tolist())) if last is not None else {}
+        grads = rec.grads if rec is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
         fell = self._lr_zero_since
         if lr_zero and fell is not None:
@@ -278,7 +280,7 @@ class NoUpdateDetector(Detector):
         opt = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
         module = common_module(self.ctx.owner(n) for n in opt)
         trainable_outside = [n for n in self.ctx.param_names if n not in self.ctx.optimizer_params
-                             and n not in set(self._prev.meta.frozen if self._prev else ())]
+                             and n not in set(self._prev.frozen if self._prev else ())]
         return [self.finding(
             f"every one of the {len(opt)} parameter(s) the optimizer holds (under "
             f"{module or '<model>'}) has requires_grad=False, so optimizer.step() changes nothing "
@@ -305,3 +307,28 @@ class NoUpdateDetector(Detector):
             module="", step=0, severity="error",
             evidence={"backward_calls": now.backward_calls, "optimizer_steps": 0},
         )]
+
+
+@dataclasses.dataclass
+class _Step:
+    """What a comparison needs of the previous step (plain data: it is checkpointed)."""
+
+    step: int
+    row: int
+    #: A backward ran and the AMP scaler did not skip the step.
+    trained: bool
+    lrs: list[Optional[float]]
+    frozen: tuple[str, ...]
+    grad_missing: tuple[str, ...]
+    stepped: list[int]
+    #: Weight norms as the step found them (None where they were not read).
+    weights: Optional[dict[str, float]]
+    #: The gradient norms the step applied (after clipping: a gradient clipped to 0 moves nothing).
+    grads: dict[str, float]
+
+    @classmethod
+    def of(cls, rec: StepRecord) -> _Step:
+        meta, w, g = rec.meta, rec.fact(WeightNorms), rec.fact(GradNorms)
+        return cls(rec.step, meta.row, bool(meta.backward_calls) and not meta.amp_skipped, list(meta.lrs),
+                   meta.frozen, meta.grad_missing, list(meta.stepped), w.by_name() if w is not None else None,
+                   dict(zip(g.names, g.at_step.tolist())) if g is not None else {})

@@ -34,6 +34,8 @@ class UnregisteredParameterDetector(Detector):
     hypothesis = "trainable tensors are missing from every optimizer param group"
     reads = (LossGraph, GradNorms)
     thresholds = {"walk_every": Threshold(500, "steps between walks of the loss's graph (a few ms each, host only)")}
+    #: Derived from the run at setup.
+    live_attributes = frozenset({"_candidates", "_watching", "_orphans"})
 
     def setup(self) -> None:
         self._stray: dict[str, tuple[str, list[int], int, int]] = {}

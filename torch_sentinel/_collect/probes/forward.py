@@ -55,8 +55,6 @@ class ForwardProbe(Probe):
         self.host = host
         self.lo, self.hi = host.ledger.add_minmax_block("act", list(host.module_names))
         self.checked = [not isinstance(m, VALUE_PRESERVING) for _, m in host.map.modules]
-        #: Set when a rerun of the forward localised a fault (``Collector.rerun_forward``).
-        self.localised = False
         host.provide(Activations, _activations)
 
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
@@ -87,7 +85,6 @@ class ForwardProbe(Probe):
     def _fault(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor) -> None:
         host = self.host
         if host.rerunning:
-            self.localised = True
             located_by = (f"first non-finite module output in forward order when step {host.step}'s forward "
                           f"was run again with every module watched (same inputs, RNG state and weights)")
         elif host.fully_watched:
