@@ -1,54 +1,34 @@
 """``loss_broadcast``: an element-wise loss whose input and target shapes differ and broadcast.
 
 ``mse_loss(pred_of_shape_(B, 1), target_of_shape_(B,))`` silently compares every prediction with
-every target, a (B, B) matrix: the model learns the target mean. PyTorch only warns once, and
-the warning is easy to lose in a log. The shapes are host facts, so this costs no device work
-and fires on the first training call.
+every target, a (B, B) matrix: the model learns the target mean. PyTorch only warns once (for
+MSE, L1, Huber and smooth L1; ``kl_div``, Poisson and Gaussian NLL, hinge embedding and
+multi-label soft margin do not even warn), and the warning is easy to lose in a log. It is one
+named clause of the loss contracts (``losses/contracts.py``): the shapes are host facts, so it
+costs no device work and is reported at the first probed training call. A target that
+broadcasts into the input's own shape (a scalar, or one vector for the whole batch) is meant.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Optional
+from typing import ClassVar
 
-from .._collect.loss_inputs import LossInputs
-from .._collect.probe import Probe
-from .._collect.records import StepRecord
 from .._findings import Finding
-from .base import Detector
+from ..losses.verdicts import Limits, Verdict
+from .loss_contracts import ContractDetector
 
 __all__ = ["LossBroadcastDetector"]
 
 
-class LossBroadcastDetector(Detector):
+class LossBroadcastDetector(ContractDetector):
     kind = "loss_broadcast"
     boundary = "shapes"
+    thresholds: ClassVar[dict[str, float]] = {}
 
-    _inputs: Optional[LossInputs] = None
-    _seen = 0
+    def limits(self) -> Limits:
+        return Limits()  # a host fact: reported at its first breach, no threshold
 
-    def probes(self) -> Sequence[Probe]:
-        self._inputs = LossInputs.shared(self.ctx.extras)
-        return (self._inputs,)
-
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if self._inputs is None:
-            return ()
-        events = self._inputs.broadcasts[self._seen :]
-        self._seen = len(self._inputs.broadcasts)
-        found = []
-        for ev in events:
-            found.append(self.finding(
-                f"{ev.function} got input of shape {ev.input_shape} and target of shape "
-                f"{ev.target_shape}; they broadcast to {ev.broadcast_shape}, so every "
-                "prediction is compared with targets of other samples",
-                step=ev.step, severity="error",
-                evidence={"loss_function": ev.function, "input_shape": list(ev.input_shape),
-                          "target_shape": list(ev.target_shape),
-                          "broadcast_shape": list(ev.broadcast_shape)},
-                next_check="reshape_target_or_output_to_match",
-            ))
-        return found
-
-    def finish(self) -> Iterable[Finding]:
-        return self.observe(())
+    def to_finding(self, v: Verdict) -> Finding:
+        return self.finding(v.message, step=v.step, severity="error",
+                            evidence={**v.evidence, "loss_function": v.loss},
+                            next_check="reshape_target_or_output_to_match")

@@ -4,6 +4,8 @@
 model output that is already a distribution (non-negative rows summing to 1, e.g. a trailing
 ``nn.Softmax``) is squashed twice: gradients shrink and the loss plateaus (UMLAUT's "softmax
 before the loss"). For ``binary_cross_entropy_with_logits`` the tell is every value in [0, 1].
+It is one named clause of the loss contracts (``losses/contracts.py``); the figures are the
+input's minimum and its rows' largest |sum - 1| over the class dim, reduced on the device.
 
 Thresholds:
 - ``probabilities_as_logits.tolerance`` = 1e-3: the largest |row sum - 1| accepted as a
@@ -15,107 +17,52 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
 
-from .._collect.loss_inputs import BROADCAST_LOSSES, LOGIT_LOSSES, LossInputs
-from .._collect.probe import Probe
+from .._collect.loss_inputs import WATCHED
 from .._collect.records import StepRecord
 from .._findings import Finding
+from ..losses.verdicts import Limits, Verdict
 from ._common import threshold
-from .base import Detector, RunContext
+from .loss_contracts import ContractDetector
 
 __all__ = ["ProbabilitiesAsLogitsDetector"]
 
+#: The kinds that read the loss functions' calls, and so go blind on a loss computed in compiled code.
+LOSS_SIDE = ["probabilities_as_logits", "loss_broadcast", "invalid_loss_input", "invalid_target"]
 
-class ProbabilitiesAsLogitsDetector(Detector):
+
+class ProbabilitiesAsLogitsDetector(ContractDetector):
     kind = "probabilities_as_logits"
     boundary = "loss"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"tolerance": 1e-3, "min_probes": 3}
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.tolerance = threshold(self, "tolerance")
-        self.min_probes = int(threshold(self, "min_probes"))
-        self._hits: list[tuple[int, str, float, float, float]] = []
-        self._probes = 0
-        self._count = 0
-        self._module: Optional[str] = None
-        self._op: Optional[str] = None
-        self._site: Optional[str] = None
-        self._reported = False
-        self._said_blind = False
+    _said_blind = False
 
-    def probes(self) -> Sequence[Probe]:
-        return (LossInputs.shared(self.ctx.extras),)
+    def limits(self) -> Limits:
+        return Limits(tolerance=threshold(self, "tolerance"), min_probes=int(threshold(self, "min_probes")))
 
     def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        blind = self._blind_under_compile(records)
-        return blind + list(self._observe(records))
+        return self._blind_under_compile(records) + list(super().observe(records))
 
     def _blind_under_compile(self, records: Sequence[StepRecord]) -> list[Finding]:
         """Under torch.compile a loss computed inside the compiled model is traced, not seen:
-        say so once, at the first step, for both loss-side checks."""
-        inputs = LossInputs.shared(self.ctx.extras)
-        if self._said_blind or not records or not inputs.blind_under_compile():
+        say so once, at the first step, for every loss-side check."""
+        inputs = self._inputs
+        if self._said_blind or not records or inputs is None or not inputs.blind_under_compile():
             return []
         self._said_blind = True
-        watched = ", ".join(f"F.{name}" for name in LOGIT_LOSSES + BROADCAST_LOSSES)
+        watched = ", ".join(f"F.{name}" for name in WATCHED)
         return [self.finding(
-            f"probabilities_as_logits and loss_broadcast do not watch this run's loss: it is computed inside "
-            f"compiled code (the loss reaching backward is a compiled graph's output, and no call of {watched} "
-            "was made outside it), where those calls are traced, not seen. Everything else is watched. To check "
-            "the loss inputs, "
+            f"{', '.join(LOSS_SIDE)} do not watch this run's loss: it is computed inside compiled code (the loss "
+            f"reaching backward is a compiled graph's output, and no call of {watched} was made outside it), "
+            "where those calls are traced, not seen. Everything else is watched. To check the loss inputs, "
             "compute the loss outside the compiled module, or run a few steps without torch.compile",
             step=records[0].step, severity="info",
-            evidence={"not_watched": ["probabilities_as_logits", "loss_broadcast"], "reason": "torch.compile",
-                      "loss_functions_watched": list(LOGIT_LOSSES + BROADCAST_LOSSES)},
+            evidence={"not_watched": LOSS_SIDE, "reason": "torch.compile", "loss_functions_watched": list(WATCHED)},
             next_check="run_a_few_steps_eagerly",
         )]
 
-    def _observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        for rec in records:
-            fn = rec.meta.extra.get("loss_probe")
-            if fn is None or rec.meta.amp_skipped:
-                continue
-            self._probes += 1
-            lo, hi = rec.value("loss_input.min", "values"), rec.value("loss_input.max", "values")
-            dev = rec.value("loss_input.max", "rowsum_dev")
-            if fn == "binary_cross_entropy_with_logits":
-                is_prob = lo >= 0.0 and hi <= 1.0
-            else:
-                is_prob = lo >= 0.0 and dev <= self.tolerance
-            if is_prob:
-                self._count += 1
-                if len(self._hits) < 16:  # bounded: the evidence shows the first few
-                    self._hits.append((rec.step, fn, lo, hi, dev))
-                self._module = rec.meta.extra.get("loss_input_module", self._module)
-                self._op = rec.meta.extra.get("loss_input_op", self._op)
-                self._site = rec.meta.extra.get("loss_input_site", self._site)
-        if self._reported or self._count < self.min_probes or self._count < self._probes // 2:
-            return ()
-        self._reported = True
-        step = self._hits[min(self.min_probes, len(self._hits)) - 1][0]
-        _, fn, lo, hi, dev = self._hits[-1]
-        if self._op and self._module is not None:
-            source = (f"a {self._op.replace('Backward0', '').lower()} called in the forward of "
-                      f"{self._module or '<model>'}" + (f", {self._site}" if self._site else ""))
-        elif self._module is not None:
-            source = f"the output of {self._module or '<model>'}"
-        else:
-            source = f"a tensor made by {self._op} outside the model" if self._op else "the model output"
-        what = "values all in [0, 1]" if fn == "binary_cross_entropy_with_logits" else \
-            f"non-negative rows summing to 1 (max |sum - 1| = {dev:.2g})"
-        return [self.finding(
-            f"{fn} expects logits but was given probabilities: {source} had {what} on "
-            f"{self._count} of {self._probes} probed steps",
-            module=self._module, step=step, onset_step=self._hits[0][0], severity="warning",
-            evidence={"loss_function": fn, "min": lo, "max": hi, "max_rowsum_deviation": dev,
-                      "probes_matching": self._count, "probes": self._probes,
-                      "steps": [h[0] for h in self._hits][:8], "producer_op": self._op,
-                      "call_site": self._site},
-            next_check="feed_logits_to_the_loss",
-        )]
-
-    def finish(self) -> Iterable[Finding]:
-        return self.observe(())
+    def to_finding(self, v: Verdict) -> Finding:
+        e = v.evidence
+        evidence = {**e, "loss_function": v.loss, "probes_matching": e["probes_violating"], "call_site": v.site}
+        return self.finding(v.message, module=v.module, step=v.step, onset_step=v.onset, severity=v.severity,
+                            evidence=evidence, next_check="feed_logits_to_the_loss")

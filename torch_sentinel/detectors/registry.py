@@ -9,6 +9,7 @@ from .diverging import DivergingDetector
 from .eval_mode_training import EvalModeTrainingDetector
 from .gradient_scale import ExplodingGradientDetector, VanishingGradientDetector
 from .loss_broadcast import LossBroadcastDetector
+from .loss_contracts import InvalidLossInputDetector, InvalidTargetDetector
 from .missing_zero_grad import MissingZeroGradDetector
 from .no_gradient import NoGradientDetector
 from .no_update import NoUpdateDetector
@@ -23,6 +24,7 @@ from .update_ratio import UpdateRatioDetector
 DETECTORS: list[type[Detector]] = [
     # data
     UnnormalizedInputDetector,
+    InvalidTargetDetector,
     # shapes
     LossBroadcastDetector,
     # forward
@@ -31,6 +33,7 @@ DETECTORS: list[type[Detector]] = [
     SaturationDetector,
     # loss
     ProbabilitiesAsLogitsDetector,
+    InvalidLossInputDetector,
     # gradients
     NoGradientDetector,
     MissingZeroGradDetector,

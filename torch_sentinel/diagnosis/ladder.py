@@ -21,6 +21,8 @@ NEXT_CHECKS: dict[str, str] = {
     "dead_relu": "inspect_initialization_and_learning_rate",
     "eval_mode_training": "call_model_train_before_training",
     "probabilities_as_logits": "feed_logits_to_the_loss",
+    "invalid_loss_input": "fix_the_loss_input_domain",
+    "invalid_target": "inspect_targets_against_the_loss",
     "no_gradient": "inspect_graph_connectivity",
     "missing_zero_grad": "clear_gradients_every_step",
     "exploding_gradient": "lower_learning_rate_or_clip_gradients",
@@ -54,6 +56,9 @@ HYPOTHESES: dict[str, str] = {
     "dead_relu": "units stopped firing (too high a learning rate, or a bad bias/initialisation)",
     "eval_mode_training": "model.eval() was left on while training",
     "probabilities_as_logits": "the loss applies softmax/sigmoid a second time",
+    "invalid_loss_input": "the loss is given a quantity outside its input domain (scores for log-probabilities, "
+                          "a rate for a log-rate, classes on another dim)",
+    "invalid_target": "the targets are outside the loss's target domain (scale, sign convention, format)",
     "no_gradient": "the graph is cut (detach, numpy round trip) or a branch is unused",
     "missing_zero_grad": "gradients accumulate across steps because they are never cleared",
     "exploding_gradient": "gradients grow through depth or time",
