@@ -24,11 +24,12 @@ and its figures reduced on the device (``losses.checks``) into a small vector; n
 back.
 
 **Scoping.** A call belongs to this model when it is made inside the model's training forward
-(Hugging Face's ``labels=``), or when its input's autograd graph reaches one of the outputs the
-model returned in this step, within :data:`WALK_NODES` nodes (``criterion(model(x).squeeze(1),
-y)``); a loss of another attached model (a GAN's other network) is not. Where the model's
-outputs are not seen (a loop that calls its submodules itself, a compiled model) every training
-call counts, as before. The call's figures are folded into its site's ledger block on the spot
+(Hugging Face's ``labels=``), or when its input's autograd graph reaches, within
+:data:`WALK_NODES` nodes, an output that the model (or one of its top-level children, called
+from the loop as Lightning's ``self.net(x)`` is) returned in this step
+(``criterion(model(x).squeeze(1), y)``); a loss of another attached model (a GAN's other
+network) is not. Under torch.compile, where the outputs are traced rather than seen, every
+training call counts. The call's figures are folded into its site's ledger block on the spot
 and its facts become a :class:`~torch_sentinel.losses.calls.LossCall` in
 :attr:`LossInputs.calls`. Only calls whose inputs require grad count.
 """
@@ -98,6 +99,7 @@ class LossInputs(Probe):
         self._in_forward = False
         self._constants: dict[tuple[str, torch.device], tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._names: dict[int, str] = {}
+        self._children: set[int] = set()
         #: Training calls of the watched loss functions seen outside compiled code.
         self.eager_calls = 0
         #: A loss reaching backward was the output of a compiled graph.
@@ -121,10 +123,14 @@ class LossInputs(Probe):
             if contract is not None and hasattr(F, name):
                 host.hooks.subscribe(patch_for(F, name), _Listener(self, contract, getattr(F, name)))
         self._names = {id(m): name for name, m in host.map.modules}
+        self._children = {id(m) for name, m in host.map.modules if name and "." not in name}
 
     # -- which module made a loss input (the model's output, or a Softmax/Sigmoid module) --
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
-        return [m for _, m in host.map.modules if isinstance(m, _PROB_MODULES) or m is host.map.root]
+        # the model and its top-level children: a loop may call those itself (Lightning's
+        # ``self.net(x)`` in training_step); and Softmax/Sigmoid modules, to name a producer
+        return [m for name, m in host.map.modules
+                if isinstance(m, _PROB_MODULES) or m is host.map.root or (name and "." not in name)]
 
     def due(self, step: int) -> bool:
         """The producers are needed on the steps whose loss inputs are probed."""
@@ -138,15 +144,16 @@ class LossInputs(Probe):
             return
         if slot == 0:
             self._in_forward = False
-            if t.grad_fn is not None and len(self._outputs) < MAX_OUTPUTS:
-                self._outputs.append(t.grad_fn)
+        if (slot == 0 or (not self._in_forward and id(module) in self._children)) and t.grad_fn is not None \
+                and len(self._outputs) < MAX_OUTPUTS:
+            self._outputs.append(t.grad_fn)
         if t not in self._prob_outputs:  # else an inner probability module made it: it is the producer
             self._prob_outputs[t] = (self._names.get(id(module), ""), isinstance(module, _PROB_MODULES))
 
     def _ours(self, tensors: Iterable[Any]) -> bool:
         """Whether a loss call on ``tensors`` belongs to this model (see the module docstring)."""
         host = self.host
-        if self._in_forward or host is None or host.traced or host.meta.forward_calls == 0:
+        if self._in_forward or host is None or host.traced:
             return True
         wanted = {id(n) for n in self._outputs}
         return any(isinstance(t, torch.Tensor) and t.grad_fn is not None and _reaches(t.grad_fn, wanted)
