@@ -11,6 +11,7 @@ detectors read (through the probe, never through ``meta.extra``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -190,7 +191,8 @@ def describe(contract: Contract, fn: Callable[..., Any], args: tuple[Any, ...],
     tensors = {"input": x}
     if t is not None and not (contract.name == "cross_entropy" and not t.is_floating_point()):
         tensors["target"] = t  # index targets of cross-entropy: torch checks their range
-    extra = {"target_lengths": given.get("target_lengths"), "blank": dict(options).get("blank", 0)}
+    extra = {"target_lengths": given.get("target_lengths"), "blank": dict(options).get("blank", 0),
+             "log_target": dict(options).get("log_target", False)}
     return Described(facts, [given.get(n) for n in names], tensors, (class_dim, target_dim), extra)
 
 
@@ -222,7 +224,9 @@ def call_site(depth: int = 1) -> str:
     return site or "<unknown>"
 
 
+@functools.lru_cache(maxsize=256)
 def _short(path: str) -> str:
+    """``path`` relative to the working directory when it lies under it (cached: two getcwd calls)."""
     try:
         rel = os.path.relpath(path)
     except ValueError:

@@ -14,55 +14,74 @@ No ``if`` depends on a tensor's values; shapes and dtypes are host facts.
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
 
 from .contracts import Contract
 
-__all__ = ["INPUT_CHECKS", "ROW_ELEMENTS", "TARGET_CHECKS", "figures", "folds_by_min", "layout", "tolerance"]
+__all__ = ["INPUT_CHECKS", "ROW_ELEMENTS", "TARGET_CHECKS", "distribution", "figures", "folds_by_min", "layout",
+           "log_probabilities", "probabilities", "rows", "tolerance"]
 
 #: The most elements of one tensor a check reads (4 MB of float32).
 ROW_ELEMENTS = 1 << 20
 
-_DISTRIBUTION = ("min", "max", "sum_dev_max", "sum_off", "lse_lo", "lse_hi", "lse_off")
-_VALUES = ("min", "max")
+#: The figures of each check; a loss runs the checks its clauses need, and no more.
+_NAMES: dict[str, tuple[str, ...]] = {
+    "values": ("min", "max"),
+    "probabilities": ("min", "max", "sum_dev_max"),  # is the input already a distribution?
+    "distribution": ("min", "max", "sum_off"),  # is every target row a distribution?
+    "log_probabilities": ("lse_lo", "lse_hi", "lse_off"),  # do rows log-sum-exp to 0?
+    "signs": ("off",),
+    "index_lists": ("repeat",),
+    "not_blank": ("blank",),
+}
 
 #: What is measured of the input, per loss.
-INPUT_CHECKS: dict[str, str] = {
-    "cross_entropy": "distribution",
-    "nll_loss": "distribution",
-    "binary_cross_entropy_with_logits": "values",
-    "kl_div": "distribution",
-    "poisson_nll_loss": "values",
-    "ctc_loss": "distribution",
+INPUT_CHECKS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("probabilities",),
+    "nll_loss": ("probabilities", "log_probabilities"),
+    "binary_cross_entropy_with_logits": ("values",),
+    "kl_div": ("values", "log_probabilities"),
+    "poisson_nll_loss": ("values",),
+    "ctc_loss": ("values", "log_probabilities"),
 }
-#: What is measured of the target, per loss.
-TARGET_CHECKS: dict[str, str] = {
-    "cross_entropy": "distribution",  # class-probability targets only (index targets: torch checks)
-    "binary_cross_entropy_with_logits": "values",
-    "kl_div": "distribution",
-    "poisson_nll_loss": "values",
-    "margin_ranking_loss": "signs",
-    "hinge_embedding_loss": "signs",
-    "soft_margin_loss": "signs",
-    "cosine_embedding_loss": "signs",
-    "multilabel_soft_margin_loss": "values",
-    "multilabel_margin_loss": "index_lists",
-    "ctc_loss": "not_blank",
+#: What is measured of the target, per loss (``kl_div``: see :data:`KL_LOG_TARGET`).
+TARGET_CHECKS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("distribution",),  # class-probability targets only (index targets: torch checks)
+    "binary_cross_entropy_with_logits": ("values",),
+    "kl_div": ("distribution",),
+    "poisson_nll_loss": ("values",),
+    "margin_ranking_loss": ("signs",),
+    "hinge_embedding_loss": ("signs",),
+    "soft_margin_loss": ("signs",),
+    "cosine_embedding_loss": ("signs",),
+    "multilabel_soft_margin_loss": ("values",),
+    "multilabel_margin_loss": ("index_lists",),
+    "ctc_loss": ("not_blank",),
 }
-_NAMES = {"distribution": _DISTRIBUTION, "values": _VALUES, "signs": ("off",), "index_lists": ("repeat",),
-          "not_blank": ("blank",)}
+
+#: ``kl_div`` with ``log_target=True``: its targets are log-probabilities.
+KL_LOG_TARGET = ("values", "log_probabilities")
 
 
+def _checks(contract: Contract, target: bool, log_target: bool = False) -> tuple[str, ...]:
+    if not target:
+        return INPUT_CHECKS.get(contract.name, ())
+    if contract.name == "kl_div" and log_target:
+        return KL_LOG_TARGET
+    return TARGET_CHECKS.get(contract.name, ())
+
+
+@functools.lru_cache(maxsize=64)
 def layout(contract: Contract) -> tuple[str, ...]:
     """The figure names a call of ``contract`` may produce, in block order (``x_`` input,
     ``t_`` target)."""
     names: list[str] = []
-    if contract.name in INPUT_CHECKS:
-        names += [f"x_{n}" for n in _NAMES[INPUT_CHECKS[contract.name]]]
-    if contract.name in TARGET_CHECKS:
-        names += [f"t_{n}" for n in _NAMES[TARGET_CHECKS[contract.name]]]
+    for prefix, checks in (("x_", _checks(contract, False)), ("t_", _checks(contract, True) + _checks(contract, True, True))):
+        for check in checks:
+            names += [prefix + n for n in _NAMES[check] if prefix + n not in names]
     return tuple(names)
 
 
@@ -91,31 +110,36 @@ def tolerance(dtype: torch.dtype) -> float:
     return 2e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-3
 
 
-def distribution(t: torch.Tensor, dim: int) -> dict[str, torch.Tensor]:
-    """Is ``t`` a distribution over ``dim`` (rows non-negative, summing to 1), or a
-    log-distribution (rows log-sum-exp to 0)? ``sum_off`` and ``lse_off`` are the fractions of
-    rows off by more than :func:`tolerance`; a row summing to 0 (a target row zeroed to mask a
-    padding position) is not counted off."""
-    r = rows(t, dim)
-    tol = tolerance(t.dtype)
+def probabilities(r: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows ``r`` (from :func:`rows`): their range and the largest |row sum - 1|: non-negative
+    rows within :func:`tolerance` of 1 are a distribution, not logits."""
+    mn, mx = torch.aminmax(r)
+    return {"min": mn, "max": mx, "sum_dev_max": (r.sum(1) - 1.0).abs().amax()}
+
+
+def distribution(r: torch.Tensor, tol: float) -> dict[str, torch.Tensor]:
+    """Rows ``r``: their range and the fraction of rows whose sum is off 1 by more than ``tol``;
+    a row summing to 0 (a target row zeroed to mask a padding position) is not counted off."""
     mn, mx = torch.aminmax(r)
     sums = r.sum(1)
-    dev = (sums - 1.0).abs()
+    return {"min": mn, "max": mx, "sum_off": (((sums - 1.0).abs() > tol) & (sums.abs() > tol)).float().mean()}
+
+
+def log_probabilities(r: torch.Tensor, tol: float) -> dict[str, torch.Tensor]:
+    """Rows ``r``: the range of their log-sum-exp and the fraction off 0 by more than ``tol``."""
     lse = torch.logsumexp(r, 1)
-    lse_lo, lse_hi = torch.aminmax(lse)
-    return {"min": mn, "max": mx, "sum_dev_max": dev.amax(),
-            "sum_off": ((dev > tol) & (sums.abs() > tol)).float().mean(),
-            "lse_lo": lse_lo, "lse_hi": lse_hi, "lse_off": (lse.abs() > tol).float().mean()}
+    lo, hi = torch.aminmax(lse)
+    return {"lse_lo": lo, "lse_hi": hi, "lse_off": (lse.abs() > tol).float().mean()}
 
 
-def values(t: torch.Tensor) -> dict[str, torch.Tensor]:
-    mn, mx = torch.aminmax(rows(t, -1))
+def values(r: torch.Tensor) -> dict[str, torch.Tensor]:
+    mn, mx = torch.aminmax(r)
     return {"min": mn, "max": mx}
 
 
-def signs(t: torch.Tensor) -> dict[str, torch.Tensor]:
+def signs(r: torch.Tensor) -> dict[str, torch.Tensor]:
     """The fraction of targets that are not -1 or 1."""
-    return {"off": (rows(t, -1).abs() != 1.0).float().mean()}
+    return {"off": (r.abs() != 1.0).float().mean()}
 
 
 def index_lists(t: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -143,27 +167,32 @@ def not_blank(targets: torch.Tensor, target_lengths: object, blank: int) -> dict
     return {"blank": is_blank.float().mean()}
 
 
+def _run(check: str, t: torch.Tensor, dim: Optional[int], extra: dict[str, object]) -> dict[str, torch.Tensor]:
+    if check == "index_lists":
+        return index_lists(t)
+    if check == "not_blank":
+        return not_blank(t, extra.get("target_lengths"), int(extra.get("blank", 0)))  # type: ignore[call-overload]
+    r = rows(t, dim if dim is not None else -1)
+    if check == "values":
+        return values(r)
+    if check == "signs":
+        return signs(r)
+    if check == "probabilities":
+        return probabilities(r)
+    if check == "distribution":
+        return distribution(r, tolerance(t.dtype))
+    return log_probabilities(r, tolerance(t.dtype))
+
+
 def figures(contract: Contract, tensors: dict[str, torch.Tensor], dims: tuple[Optional[int], Optional[int]],
             extra: dict[str, object]) -> dict[str, torch.Tensor]:
-    """The figures of one call: ``tensors`` holds ``input`` and ``target`` (and CTC's
-    ``target_lengths`` in ``extra``); ``dims`` the input's and the target's class dims."""
+    """The figures of one call: ``tensors`` holds ``input`` and ``target`` (CTC's lengths and
+    blank, and KL's ``log_target``, in ``extra``); ``dims`` the input's and the target's class dims."""
     out: dict[str, torch.Tensor] = {}
-    x, t = tensors.get("input"), tensors.get("target")
-    check = INPUT_CHECKS.get(contract.name)
-    if x is not None and x.numel() and check is not None:
-        got = distribution(x, dims[0] if dims[0] is not None else -1) if check == "distribution" else values(x)
-        out.update({f"x_{k}": v for k, v in got.items()})
-    check = TARGET_CHECKS.get(contract.name)
-    if t is not None and t.numel() and check is not None:
-        if check == "distribution":
-            got = distribution(t, dims[1] if dims[1] is not None else -1)
-        elif check == "values":
-            got = values(t)
-        elif check == "signs":
-            got = signs(t)
-        elif check == "index_lists":
-            got = index_lists(t)
-        else:
-            got = not_blank(t, extra.get("target_lengths"), int(extra.get("blank", 0)))  # type: ignore[call-overload]
-        out.update({f"t_{k}": v for k, v in got.items()})
+    for prefix, key, dim in (("x_", "input", dims[0]), ("t_", "target", dims[1])):
+        t = tensors.get(key)
+        if t is None or not t.numel():
+            continue
+        for check in _checks(contract, key == "target", bool(extra.get("log_target"))):
+            out.update({prefix + k: v for k, v in _run(check, t, dim, extra).items()})
     return out
