@@ -44,6 +44,8 @@ class HookSet:
         self._handles: list[RemovableHandle] = []
         self._patches: list[tuple[Patch, PatchListener]] = []
         self._listeners: list[PatchListener] = []
+        #: Each subscribed patch once, for :meth:`ensure_patches`.
+        self._unique: list[Patch] = []
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         self._handles.append(handle)
@@ -57,14 +59,14 @@ class HookSet:
         patch.add(proxy)
         self._patches.append((patch, proxy))
         self._listeners.append(listener)
+        if all(p is not patch for p in self._unique):
+            self._unique.append(patch)
 
     def ensure_patches(self) -> int:
         """Re-install any of our patches that another library removed; how many it had to."""
-        seen: set[int] = set()
         fixed = 0
-        for patch, _ in self._patches:
-            if id(patch) not in seen:
-                seen.add(id(patch))
+        for patch in self._unique:  # before every optimizer step: one dict lookup per patch
+            if not patch.installed():
                 fixed += patch.ensure()
         return fixed
 
@@ -87,6 +89,7 @@ class HookSet:
             except Exception as exc:  # pragma: no cover - defensive
                 errors.append(exc)
         self._listeners.clear()
+        self._unique.clear()
         if errors:
             raise errors[0]
 

@@ -49,6 +49,9 @@ class Patch:
         self.listeners: list[PatchListener] = []
         self._lock = threading.Lock()
         self._depth = threading.local()
+        #: Where ``attr`` lives (a module's or class's own ``__dict__``, read live), for the cheap
+        #: "is our wrapper still installed" check made before every optimizer step.
+        self.namespace: Any = getattr(owner, "__dict__", None)
 
     # -- the wrapper ------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,6 +130,12 @@ class Patch:
             if fn is None:
                 return False
         return False
+
+    def installed(self) -> bool:
+        """Whether our wrapper is the function installed now: one dict lookup (the hot path of
+        :meth:`HookSet.ensure_patches`); False sends the caller to :meth:`ensure`."""
+        ns = self.namespace
+        return ns is not None and self.wrapper is not None and ns.get(self.attr) is self.wrapper
 
     def ensure(self) -> bool:
         """Wrap again if our wrapper was removed by someone else (e.g. a library restoring a

@@ -61,9 +61,12 @@ class ContractFeed:
             return []
         if self._source != id(inputs):
             self._source, self._next = id(inputs), 0
+        total = inputs.dropped + len(inputs.calls)
+        if total == self._next and not self._waiting:
+            return []  # no call since the last window (most windows past step 100)
         start = max(self._next - inputs.dropped, 0)
         self._waiting += inputs.calls[start:]
-        self._next = inputs.dropped + len(inputs.calls)
+        self._next = total
         out: list[tuple[LossCall, dict[str, Optional[float]]]] = []
         by_step = {rec.step: rec for rec in records if not rec.meta.amp_skipped}
         last = records[-1].step if records else None

@@ -171,6 +171,8 @@ class ContractJudge:
     def __init__(self, limits: Limits = Limits()) -> None:
         self.limits = limits
         self._tallies: dict[tuple[str, str, str], _Tally] = {}
+        #: A breach came in since the last :meth:`conclude` (nothing new: nothing to conclude).
+        self._fresh = False
 
     def update(self, call: LossCall, figures: dict[str, Optional[float]]) -> None:
         """One probed call of a loss (its host facts) and the figures its checks measured."""
@@ -182,6 +184,7 @@ class ContractJudge:
             if result is None:
                 continue
             severity, figs = result
+            self._fresh = True
             tally.broken += 1
             if len(tally.steps) < 16:
                 tally.steps.append(call.step)
@@ -190,6 +193,9 @@ class ContractJudge:
 
     def conclude(self) -> list[Verdict]:
         """The verdicts whose evidence is complete since the last call; each is given once."""
+        if not self._fresh:
+            return []
+        self._fresh = False
         out = []
         for (loss, site, clause), tally in self._tallies.items():
             if tally.done or tally.call is None:
