@@ -30,19 +30,26 @@ from the loop as Lightning's ``self.net(x)`` is) returned in this step
 (``criterion(model(x).squeeze(1), y)``); a loss of another attached model (a GAN's other
 network) is not. Under torch.compile, where the outputs are traced rather than seen, every
 training call counts. The call's figures are folded into its site's ledger block on the spot
-and its facts become a :class:`~torch_sentinel.losses.calls.LossCall` in
-:attr:`LossInputs.calls`. Only calls whose inputs require grad count.
+and its facts become a :class:`~torch_sentinel.losses.calls.LossCall` in the step's
+:class:`LossCalls`. Only calls whose inputs require grad count.
+
+**Facts.** :class:`LossCalls` (host: each probed call of the step, as a
+:class:`~torch_sentinel.losses.calls.LossCall`), :class:`LossFigures` (device: what each call
+site's checks left in the row, decoded once it landed) and :class:`CompiledLoss` (the loss
+reaching backward came out of a compiled graph, and no watched call was seen outside it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .._record import Fact, StepRecord
 from ..losses import checks
 from ..losses.calls import LossCall, call_site, describe
 from ..losses.contracts import Contract, by_function, functional_names
@@ -52,17 +59,74 @@ from .ledger import FLOAT_MAX
 from .patches import patch_for
 from .probe import Probe, ProbeHost
 
-__all__ = ["WATCHED", "LossInputs"]
+__all__ = ["WATCHED", "CompiledLoss", "LossCalls", "LossFigures", "LossInputs"]
 
 #: The functional losses observed (those with a clause to check).
 WATCHED = functional_names()
 _PROB_MODULES = (nn.Softmax, nn.Sigmoid, nn.Softmax2d, nn.LogSoftmax)
 #: Distinct (loss, call site) pairs given ledger slots; later ones are judged on host facts only.
 MAX_SITES = 16
+#: Calls kept per step (a loss called in a long inner loop keeps the first ones).
+MAX_CALLS = 64
 #: Model outputs of one step kept to scope loss calls (a loop of many forwards keeps the newest).
 MAX_OUTPUTS = 64
 #: Nodes of a loss input's graph searched for the model's outputs, from the input down.
 WALK_NODES = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class LossCalls(Fact):
+    """This model's loss calls on a probed step, oldest first (host facts)."""
+
+    calls: tuple[LossCall, ...]
+
+    @property
+    def classes(self) -> Optional[int]:
+        """The class count the latest cross_entropy / nll_loss call read, if any."""
+        for call in reversed(self.calls):
+            if call.loss in ("cross_entropy", "nll_loss") and call.class_dim is not None:
+                return int(call.input_shape[call.class_dim])
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class LossFigures(Fact):
+    """The clause figures in this step's row: per ledger block (one per call site), each figure
+    of the block's layout, None where no call of the step measured it. The calls of one site in
+    one step share their block (folded: the extreme of each figure)."""
+
+    blocks: tuple[tuple[str, tuple[tuple[str, Optional[float]], ...]], ...]
+
+    def of(self, block: str) -> dict[str, Optional[float]]:
+        for name, figures in self.blocks:
+            if name == block:
+                return dict(figures)
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledLoss(Fact):
+    """The loss reaching backward was a compiled graph's output, and no watched loss function
+    had been seen outside compiled code so far: the loss is computed inside compiled code."""
+
+
+def _figures(record: StepRecord) -> Optional[LossFigures]:
+    """Decode :class:`LossFigures` from a landed row: the blocks the step's calls wrote, each
+    figure signed back (minimum figures were stored negated, see ``LossInputs._vector``)."""
+    calls = record.fact(LossCalls)
+    if calls is None or LossFigures not in record.meta.in_row:
+        return None
+    out = []
+    for block in dict.fromkeys(c.block for c in calls.calls if c.block):
+        if not record.has(block) or record.blocks[block].stop > len(record.values):
+            continue
+        b = record.blocks[block]
+        figs = []
+        for i, name in enumerate(b.keys):
+            raw = float(record.values[b.start + i])
+            figs.append((name, None if raw <= -0.5 * FLOAT_MAX else (-raw if checks.folds_by_min(name) else raw)))
+        out.append((block, tuple(figs)))
+    return LossFigures(tuple(out))
 
 
 class _Listener:
@@ -79,18 +143,18 @@ class _Listener:
 
 
 class LossInputs(Probe):
-    """Shared by the loss-side detectors: one instance per run, kept in ``RunContext.extras``."""
+    """What this model's loss calls were given (one per sentinel, set up for every reader of its
+    facts)."""
 
     name = "loss_inputs"
+    publishes = (LossCalls, LossFigures, CompiledLoss)
+    live_attributes: ClassVar[frozenset[str]] = frozenset(
+        {"probe_first", "probe_every", "_prob_outputs", "_sites", "_outputs", "_in_forward", "_constants",
+         "_names", "_children"})
 
     def __init__(self, probe_first: int = 5, probe_every: int = 10) -> None:
         self.probe_first = probe_first
         self.probe_every = probe_every
-        #: Committed calls, oldest first; ``dropped`` counts the ones trimmed from the front.
-        self.calls: list[LossCall] = []
-        self.dropped = 0
-        #: Classes seen by cross_entropy / nll_loss (for "stuck at chance level").
-        self.classes: Optional[int] = None
         self.host: Optional[ProbeHost] = None
         self._prob_outputs: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._sites: dict[tuple[str, str], str] = {}
@@ -101,19 +165,7 @@ class LossInputs(Probe):
         self._names: dict[int, str] = {}
         self._children: set[int] = set()
         #: Training calls of the watched loss functions seen outside compiled code.
-        self.eager_calls = 0
-        #: A loss reaching backward was the output of a compiled graph.
-        self.compiled_loss = False
-
-    @classmethod
-    def shared(cls, extras: dict[str, Any]) -> LossInputs:
-        """The run's one instance (every loss-side detector returns it from ``probes()``;
-        the collector sets a probe up once)."""
-        inst = extras.get("loss_inputs")
-        if inst is None:
-            inst = extras["loss_inputs"] = cls()
-        assert isinstance(inst, LossInputs)
-        return inst
+        self._eager_calls = 0
 
     def setup(self, host: ProbeHost) -> None:
         self.host = host
@@ -124,6 +176,7 @@ class LossInputs(Probe):
                 host.hooks.subscribe(patch_for(F, name), _Listener(self, contract, getattr(F, name)))
         self._names = {id(m): name for name, m in host.map.modules}
         self._children = {id(m) for name, m in host.map.modules if name and "." not in name}
+        host.provide(LossFigures, _figures)
 
     # -- which module made a loss input (the model's output, or a Softmax/Sigmoid module) --
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
@@ -164,15 +217,13 @@ class LossInputs(Probe):
         c = self.host
         if c is None or _is_compiling() or not torch.is_grad_enabled():
             return
-        self.eager_calls += 1
+        self._eager_calls += 1
         if not self.due(c.step):
             return
         described = describe(contract, fn, args, kwargs)
         if described is None or not self._ours(described.inputs):
             return
         facts = described.facts
-        if contract.name in ("cross_entropy", "nll_loss") and facts["class_dim"] is not None:
-            self.classes = int(facts["input_shape"][facts["class_dim"]])
         site = call_site(1)
         block, names = self._block(contract, site)
         x = described.tensors["input"]
@@ -184,13 +235,15 @@ class LossInputs(Probe):
                     b = c.ledger.blocks[block]
                     view = c.ledger.current[b.start : b.stop]
                     torch.maximum(view, self._vector(contract, names, got), out=view)
+                    c.mark_in_row(LossFigures)
         producer = self._prob_outputs.get(x)
-        self.calls.append(LossCall(step=c.step, site=site, block=block if got else "",
-                                   module=producer[0] if producer is not None else None,
-                                   measured=tuple(n for n in names if n in got), **facts))
-        if len(self.calls) > 4096:
-            del self.calls[:1024]
-            self.dropped += 1024
+        call = LossCall(step=c.step, site=site, block=block if got else "",
+                        module=producer[0] if producer is not None else None,
+                        measured=tuple(n for n in names if n in got), **facts)
+        seen = c.meta.facts.get(LossCalls)
+        earlier = seen.calls if isinstance(seen, LossCalls) else ()
+        if len(earlier) < MAX_CALLS:
+            c.publish(LossCalls((*earlier, call)))
 
     def _block(self, contract: Contract, site: str) -> tuple[str, tuple[str, ...]]:
         """The ledger block of ``(loss, site)``, added the first time it is seen (cold path)."""
@@ -221,19 +274,16 @@ class LossInputs(Probe):
         return torch.stack(items).mul_(sign)
 
     def on_backward(self, loss: torch.Tensor) -> None:
-        if not self.compiled_loss:
-            # Made by a compiled graph (aot_autograd's node): the loss was computed inside it.
-            self.compiled_loss = type(loss.grad_fn).__name__.startswith("CompiledFunction")
+        # Made by a compiled graph (aot_autograd's node), with no watched loss function seen
+        # outside it: the loss was computed inside compiled code (HF's ``labels=``, nanoGPT's
+        # ``forward(idx, targets)`` under torch.compile), where those calls are traced, not seen.
+        if self.host is not None and self._eager_calls == 0 \
+                and type(loss.grad_fn).__name__.startswith("CompiledFunction"):
+            self.host.publish(CompiledLoss())
 
     def on_row_close(self, meta: Any) -> None:
         self._outputs = []  # the step's graph: not held past its step
         self._in_forward = False
-
-    def blind_under_compile(self) -> bool:
-        """Whether the loss is computed inside compiled code (HF's ``labels=``, nanoGPT's
-        ``forward(idx, targets)`` under torch.compile), where the watched loss functions are
-        traced, not seen, and none was called outside it so far."""
-        return self.compiled_loss and self.eager_calls == 0
 
     def close(self) -> None:
         self.host = None

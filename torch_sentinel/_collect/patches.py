@@ -24,7 +24,7 @@ import logging
 import threading
 from typing import Any, Callable, Protocol
 
-from .._errors import SentinelError
+from .._errors import SentinelError, without_our_frames
 
 __all__ = ["RAISED", "Patch", "PatchListener", "patch_for"]
 
@@ -49,9 +49,8 @@ class Patch:
         self.listeners: list[PatchListener] = []
         self._lock = threading.Lock()
         self._depth = threading.local()
-        #: Where ``attr`` lives (a module's or class's own ``__dict__``, read live), for the cheap
-        #: "is our wrapper still installed" check made before every optimizer step.
-        self.namespace: Any = getattr(owner, "__dict__", None)
+        #: The owner's namespace (a live view), where an installed wrapper sits.
+        self._namespace: Any = getattr(owner, "__dict__", {})
 
     # -- the wrapper ------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,8 +68,8 @@ class Patch:
                 for listener in active:
                     try:
                         listener.before(args, kwargs)
-                    except SentinelError:
-                        raise  # an immediate fault the user asked to raise
+                    except SentinelError as err:
+                        raise without_our_frames(err)  # noqa: B904 - an immediate fault the user asked to raise
                     except Exception as exc:
                         patch._drop(listener, exc)
                 result = RAISED
@@ -80,9 +79,9 @@ class Patch:
                     for listener in active:
                         try:
                             listener.after(args, kwargs, result)
-                        except SentinelError:
+                        except SentinelError as err:
                             if result is not RAISED:
-                                raise  # else the user's own exception is already on its way
+                                raise without_our_frames(err)  # noqa: B904 - else the user's own exception is on its way
                         except Exception as exc:
                             patch._drop(listener, exc)
                 return result
@@ -131,16 +130,13 @@ class Patch:
                 return False
         return False
 
-    def installed(self) -> bool:
-        """Whether our wrapper is the function installed now: one dict lookup (the hot path of
-        :meth:`HookSet.ensure_patches`); False sends the caller to :meth:`ensure`."""
-        ns = self.namespace
-        return ns is not None and self.wrapper is not None and ns.get(self.attr) is self.wrapper
-
     def ensure(self) -> bool:
         """Wrap again if our wrapper was removed by someone else (e.g. a library restoring a
         saved original). Returns True when it had to. Host only: an attribute read per call."""
-        if self.wrapper is None or self._current() is self.wrapper:
+        wrapper = self.wrapper
+        if wrapper is None or self._namespace.get(self.attr) is wrapper:  # the usual case: one dict read
+            return False
+        if self._current() is wrapper:
             return False
         with self._lock:
             if self.wrapper is None or self.leads_to_wrapper() or not self.listeners:

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from .._findings import Finding
 from ..losses.verdicts import Limits, Verdict
+from .base import Threshold
 from .loss_contracts import ContractDetector
 
 __all__ = ["LossBroadcastDetector"]
@@ -22,13 +23,13 @@ __all__ = ["LossBroadcastDetector"]
 
 class LossBroadcastDetector(ContractDetector):
     kind = "loss_broadcast"
-    boundary = "shapes"
-    thresholds: ClassVar[dict[str, float]] = {}
+    rung = "shapes"
+    next_check = "reshape_target_or_output_to_match"
+    hypothesis = "the loss silently broadcasts mismatched shapes"
+    thresholds: ClassVar[dict[str, Threshold]] = {}
 
     def limits(self) -> Limits:
         return Limits()  # a host fact: reported at its first breach, no threshold
 
     def to_finding(self, v: Verdict) -> Finding:
-        return self.finding(v.message, step=v.step, severity="error",
-                            evidence={**v.evidence, "loss_function": v.loss},
-                            next_check="reshape_target_or_output_to_match")
+        return self.finding(v.message, step=v.step, severity="error", evidence={**v.evidence, "loss_function": v.loss})

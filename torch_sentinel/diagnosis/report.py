@@ -7,21 +7,9 @@ import json
 from typing import Any, Optional
 
 from .._findings import BOUNDARIES, Finding
-from .ladder import HYPOTHESES, first_failing_boundary, next_check_for, sort_key
+from .ladder import first_failing_boundary, hypothesis_for, next_check_for, sort_key
 
 __all__ = ["Report"]
-
-#: For kinds without their own hypothesis (added by users or later detectors).
-BOUNDARY_HYPOTHESES = {
-    "data": "the batch is not what the model expects",
-    "shapes": "the data/layer contract does not represent the intended operation",
-    "forward": "a module computes something unintended from valid inputs",
-    "loss": "the objective does not use the intended representation",
-    "gradients": "the backward path is broken or badly scaled",
-    "updates": "the optimizer does not move the parameters as intended",
-    "curves": "learning itself goes wrong: stall, divergence or poor generalization",
-}
-
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
@@ -107,7 +95,7 @@ class Report:
             if f.evidence:
                 ev = ", ".join(f"{k}={_fmt(v)}" for k, v in f.evidence.items() if v is not None)
                 lines.append(f"  evidence:   {ev}")
-            hyp = HYPOTHESES.get(f.kind) or BOUNDARY_HYPOTHESES.get(f.boundary)
+            hyp = hypothesis_for(f)
             if hyp:
                 lines.append(f"  hypothesis: {hyp}")
             if f.next_check:
