@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import warnings
 from typing import Any, Callable, Optional
 
@@ -120,12 +121,13 @@ def _lightning(log_softmax: bool) -> Outcome:
     x, y = classify(g, 16 * STEPS)
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
     callback = SentinelCallback()
-    trainer = pl.Trainer(max_steps=STEPS, callbacks=[callback], logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
-                         num_sanity_val_steps=0)
     error: Optional[BaseException] = None
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as root:
         warnings.simplefilter("ignore")
+        # the callback writes its TensorBoard files under the Trainer's root: not the working dir
+        trainer = pl.Trainer(max_steps=STEPS, callbacks=[callback], logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                             num_sanity_val_steps=0, default_root_dir=root)
         try:
             trainer.fit(Classifier(), train_dataloaders=data)
         except Exception as exc:

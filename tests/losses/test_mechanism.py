@@ -84,9 +84,9 @@ def test_sampled_loss_checks_add_no_host_reads(check: str) -> None:
     with count_host_syncs() as bare:
         _many_losses(model, opt, 12)
     seen = SeenLosses()
-    with torch_sentinel.attach(model, opt, check=check, flush_every=1000, detectors=[seen]):
-        with count_host_syncs() as attached:
-            _many_losses(model, opt, 12)
+    with torch_sentinel.attach(model, opt, check=check, flush_every=1000, detectors=[seen]), \
+            count_host_syncs() as attached:
+        _many_losses(model, opt, 12)
     assert attached.count == bare.count, dict(attached.ops)
     assert seen.losses == {"nll_loss", "kl_div", "binary_cross_entropy_with_logits", "ctc_loss",
                            "multilabel_margin_loss", "margin_ranking_loss", "mse_loss"}
