@@ -86,10 +86,12 @@ def _graph_read(loss: torch.Tensor, step: int) -> None:
         seen += 1
         if type(node).__name__ in _LOSS_NODES:
             x, t = node._saved_self, node._saved_target
-            if sampled(step, 5, 10):
+            if sampled(step, 5, 10):  # what the contracts measure of an nll/MSE input and target
                 with torch.no_grad():
-                    checks.distribution(x, 1 if x.ndim > 1 else 0)
-                    checks.values(t)
+                    r = checks.rows(x, 1 if x.ndim > 1 else 0)
+                    checks.probabilities(r)
+                    checks.log_probabilities(r, checks.tolerance(x.dtype))
+                    checks.values(checks.rows(t.float(), -1))
             return
         frontier.extend(n for n, _ in node.next_functions)
 

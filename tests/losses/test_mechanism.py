@@ -205,6 +205,8 @@ JUDGE_CASES: dict[str, tuple[str, list[dict[str, Optional[float]]], dict[str, An
     "nll-logits-intermittent": ("nll_loss", [NLL_LOGITS, NLL_LOGPROBS] * 3 + [NLL_LOGPROBS] * 2, {}, None),
     "nll-probabilities-named-first": ("nll_loss", [NLL_PROBS] * 3, {}, ("probabilities_as_logits", "warning", 2)),
     "nll-healthy": ("nll_loss", [NLL_LOGPROBS] * 5, {}, None),
+    "nll-some-rows-off-is-info": ("nll_loss", [{**NLL_LOGITS, "x_lse_off": 0.6}] * 3, {},
+                                  ("log_probabilities", "info", 2)),
     "nll-log-softmax-over-dim-2": ("nll_loss", [NLL_LOGITS], {"input_shape": (8, 6, 6), "producer": "log_softmax",
                                                              "producer_dim": 2, "producer_linear": False},
                                    ("class_dim", "warning", 0)),

@@ -11,8 +11,9 @@ the probed calls where the clause held and where it was broken, and concludes on
 
 Severity is ``warning`` when the figures leave one reading (every row of an ``nll_loss`` input
 log-sum-exps far from 0; a target outside [0, 1]), ``info`` when the fact admits a healthy
-reading (an (N, L, C) Linear output read with classes at dim 1 could be a per-class Linear over
-time; KL rows over a dim guessed as the last). ``loss_broadcast`` keeps its ``error``.
+reading (only some rows off 0; an (N, L, C) Linear output read with classes at dim 1 could be a
+per-class Linear over time; KL rows over a dim guessed as the last). ``loss_broadcast`` keeps
+its ``error``.
 
 When one call breaks several clauses, the most specific cause is named alone: probabilities fed
 to ``nll_loss`` break ``log_probabilities`` too, but the cause is ``probabilities_as_logits``;
@@ -105,7 +106,9 @@ def judge_call(call: LossCall, f: dict[str, Optional[float]], limits: Limits) ->
         off = _get(f, "x_lse_off") or 0.0
         positive = call.loss == "kl_div" and x_max is not None and x_max > tol
         broken = off >= 0.5 or positive
-        severity = "warning" if (positive or call.dim_known) else "info"
+        # every row off 0 (scores, not log-probabilities), or a positive "log-probability": one reading
+        every_row = off >= 0.999 and call.dim_known
+        severity = "warning" if positive or every_row else "info"
         figs = {"lse_min": _get(f, "x_lse_lo"), "lse_max": _get(f, "x_lse_hi"), "rows_off": off,
                 "min": x_min, "max": x_max}
         already = out.get("probabilities_as_logits") or out.get("class_dim")
