@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable
 from typing import Optional
 
-from .._collect.loss_inputs import LossCall
+from .._collect.loss_inputs import LossCalls
 from .._findings import Finding
 from .._record import StepRecord
 from ._curve import SmoothedLoss
@@ -30,7 +30,7 @@ class PlateauDetector(Detector):
     rung = "curves"
     next_check = "inspect_learning_rate_and_capacity"
     hypothesis = "learning has stalled"
-    reads = (LossCall,)
+    reads = (LossCalls,)
     thresholds = {
         "min_steps": Threshold(30, "steps of history before a run can be called stuck"),
         "improvement": Threshold(0.03, "DeepDiagnosis flags a loss unchanged over 5 checks; "
@@ -47,9 +47,9 @@ class PlateauDetector(Detector):
 
     def update(self, record: StepRecord) -> None:
         self.loss.add(record)
-        call = record.fact(LossCall)
-        if call is not None and call.classes is not None:
-            self._classes = call.classes
+        calls = record.fact(LossCalls)
+        if calls is not None and calls.classes is not None:
+            self._classes = calls.classes
 
     def conclude(self, final: bool = False) -> Iterable[Finding]:
         return [] if self._reported else self._verdict()
