@@ -9,6 +9,7 @@ from .diverging import DivergingDetector
 from .eval_mode_training import EvalModeTrainingDetector
 from .gradient_scale import ExplodingGradientDetector, VanishingGradientDetector
 from .loss_broadcast import LossBroadcastDetector
+from .loss_spike import LossSpikeDetector
 from .missing_zero_grad import MissingZeroGradDetector
 from .no_gradient import NoGradientDetector
 from .no_update import NoUpdateDetector
@@ -45,4 +46,5 @@ DETECTORS: list[type[Detector]] = [
     OverfittingDetector,
     DivergingDetector,
     PlateauDetector,
+    LossSpikeDetector,
 ]

@@ -19,8 +19,10 @@ from .._collect.probes.clip import CLIPPED, preclip_grad_norms
 from .._collect.records import StepRecord
 from .._findings import Finding
 from ..diagnosis.ladder import HYPOTHESES, next_check_for
+from ..diagnosis.spikes import LONG_EVIDENCE
 from .base import SinkContext
 from .schedule import ModuleSchedule, module_tag_bytes
+from .spike_series import spike_scalars
 
 __all__ = ["LAYOUT", "ROOT_TAG", "StepScalars", "TensorBoardSink"]
 
@@ -192,7 +194,7 @@ def finding_markdown(findings: Sequence[Finding]) -> str:
             f.message.replace("\n", "  \n"),
         ]
         if f.evidence:
-            ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
+            ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None and k not in LONG_EVIDENCE)
             lines += ["", f"evidence: `{ev}`"]
         if f.kind in HYPOTHESES:
             lines += ["", f"hypothesis: {HYPOTHESES[f.kind]}"]
@@ -391,6 +393,16 @@ class TensorBoardSink:
             by_tag.setdefault((f"findings/{f.kind}", step), []).append(f)
         for (tag, step), group in by_tag.items():
             w.add_text(tag, finding_markdown(group), step)
+        self._write_spike_series(findings)
+
+    def _write_spike_series(self, findings: list[Finding]) -> None:
+        """The series around each loss spike (``spike_series.py``), one event per step."""
+        by_step: dict[int, list[tuple[str, float]]] = {}
+        for f in findings:
+            for step, tag, value in spike_scalars(f):
+                by_step.setdefault(step, []).append((tag, value))
+        for step, pairs in sorted(by_step.items()):
+            self._add_scalars(pairs, step)
 
     def _write_stats(self, step: int, stats: dict[str, float]) -> None:
         pairs: list[tuple[str, float]] = []
