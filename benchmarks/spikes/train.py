@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import numpy as np
@@ -59,7 +60,10 @@ class Trace:
     seconds: float = 0.0
 
 
-def pretrain(seed: int, steps: int, path: str, cfg: Config = Config()) -> float:
+DEFAULT = Config()
+
+
+def pretrain(seed: int, steps: int, path: str, cfg: Config = DEFAULT) -> float:
     """Train the base model from scratch and save model and optimizer state to ``path``."""
     torch.manual_seed(seed)
     model = GPT(cfg)
@@ -76,7 +80,7 @@ def pretrain(seed: int, steps: int, path: str, cfg: Config = Config()) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip or math.inf)
         opt.step()
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "steps": steps}, path)
-    return float(loss)
+    return float(loss.detach())
 
 
 class _Recorder:
@@ -151,8 +155,9 @@ class _Recorder:
 
 
 def run(spec: Run, watch: str = "sentinel", sentinel_options: Optional[dict[str, Any]] = None,
-        cfg: Config = Config()) -> Trace:
-    """Run ``spec`` and return its trace (see the module docstring for ``watch``)."""
+        cfg: Config = DEFAULT, sinks: Sequence[Any] = ()) -> Trace:
+    """Run ``spec`` and return its trace (see the module docstring for ``watch``; ``sinks``
+    are added to the sentinel)."""
     import time
 
     import torch_sentinel
@@ -174,6 +179,8 @@ def run(spec: Run, watch: str = "sentinel", sentinel_options: Optional[dict[str,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sentinel = torch_sentinel.attach(model, opt, **(sentinel_options or {}))
+        for sink in sinks:
+            sentinel.add_sink(sink)
     losses = np.full(spec.steps, np.nan)
     start = time.perf_counter()
     try:

@@ -201,7 +201,7 @@ def test_thresholds_are_options(trained: dict[str, Any]) -> None:
     report = train(model, opt, Injection("bad_batch", T0, None, {"kind": "random_bytes", "high": CFG.vocab}),
                    thresholds={"loss_spike.z": 1e6})
     assert report.by_kind("loss_spike") == []
-    with pytest.raises(torch_sentinel.OptionError, match="loss_spike.windw"):
+    with pytest.raises(torch_sentinel.OptionError, match=r"loss_spike\.windw"):
         torch_sentinel.attach(torch.nn.Linear(2, 2), thresholds={"loss_spike.windw": 64})
 
 
@@ -265,3 +265,58 @@ def test_a_resumed_run_keeps_its_baseline(trained: dict[str, Any]) -> None:
             found = second.report().by_kind("loss_spike")
             second.detach()
         assert [f.step for f in found] == ([73] if carried else [])
+
+
+def _attention_slots(model: torch.nn.Module, loss_of: Any, steps: int = 2) -> dict[str, float]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        s = torch_sentinel.attach(model, opt, check="deferred")
+        for _ in range(steps):
+            opt.zero_grad()
+            loss_of().backward()
+            opt.step()
+        s.flush()
+        rec = s.recent_records()[-1]
+        s.detach()
+    return dict(zip(rec.keys("spike_attn"), rec.array("spike_attn").tolist()))
+
+
+def test_attention_logits_of_multihead_attention_match_its_projections() -> None:
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mha = torch.nn.MultiheadAttention(16, 4, batch_first=True)
+            self.out = torch.nn.Linear(16, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.mha(x, x, x)[0])
+
+    model = Net()
+    x = torch.randn(3, 10, 16)
+    slots = _attention_slots(model, lambda: model(x).pow(2).mean(), steps=1)
+    with torch.no_grad():  # the logits the step's forward saw: the weights before its update
+        w, b = model.mha.in_proj_weight, model.mha.in_proj_bias
+    assert list(slots) == ["mha"]
+    # after one update the weights moved; recompute from a fresh copy of the first step instead
+    torch.manual_seed(0)
+    fresh = Net()
+    with torch.no_grad():
+        w, b = fresh.mha.in_proj_weight, fresh.mha.in_proj_bias
+        q = (x[0] @ w[:16].T + b[:16]).view(10, 4, 4).transpose(0, 1)
+        k = (x[0] @ w[16:32].T + b[16:32]).view(10, 4, 4).transpose(0, 1)
+        expected = float((q @ k.transpose(1, 2) / 2.0).max())
+    assert slots["mha"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_attention_logits_of_a_hugging_face_model_are_seen_through_sdpa() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16,
+                                  attn_implementation="sdpa")
+    model = transformers.GPT2LMHeadModel(cfg)
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    slots = _attention_slots(model, lambda: model(ids, labels=ids).loss)
+    assert list(slots) == ["transformer.h.0.attn", "transformer.h.1.attn"]
+    assert all(math.isfinite(v) and abs(v) < 1e30 for v in slots.values())

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .hookset import ModuleHook
+from .ledger import Ledger
 from .patches import patch_for
 from .spike_stats import max_attention_logit, mha_max_logit
 
@@ -71,11 +72,13 @@ class _SdpaListener:
 class AttentionLogits:
     """Writes each attention module's largest logit into its ledger slot (two launches per
     call: the scores and their max, written in place; with several forwards in a step, the
-    last one's). ``views`` are the 0-d ledger views, one per module."""
+    last one's). Module ``i`` writes slot ``start + i`` of ``ledger``, looked up at each write
+    (the row is reallocated when a later probe adds a block)."""
 
-    def __init__(self, modules: Sequence[tuple[str, nn.Module]], views: Sequence[torch.Tensor]) -> None:
+    def __init__(self, modules: Sequence[tuple[str, nn.Module]], ledger: Ledger, start: int) -> None:
         self.modules = list(modules)
-        self.views = list(views)
+        self.ledger = ledger
+        self.start = start
         self.current: Optional[int] = None
         self._mha = [isinstance(m, nn.MultiheadAttention) for _, m in self.modules]
 
@@ -112,7 +115,7 @@ class AttentionLogits:
         self._write(i, lambda out: max_attention_logit(q, k, scale, out=out))
 
     def _write(self, i: int, compute: Any) -> None:
-        view = self.views[i]
+        view = self.ledger.views[self.start + i]
         with torch.no_grad():
             value = compute(view)
             if value is not view:  # another dtype than the row's: one copy more

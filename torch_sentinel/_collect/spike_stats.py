@@ -112,10 +112,10 @@ def stacked_norms(tensors: list[torch.Tensor], ord: float, out: Optional[torch.T
     class when half precision or float64 tensors are mixed in) and one stack, into ``out``
     (any float32 tensor of ``len(tensors)`` elements) when given."""
     if all(t.dtype is torch.float32 for t in tensors):
-        norms = torch._foreach_norm(tensors, ord)
+        same = torch._foreach_norm(tensors, ord)
         if out is not None and out.is_contiguous() and out.dtype is torch.float32:
-            return torch.stack(norms, out=out.view(-1))
-        stacked = torch.stack(norms)
+            return torch.stack(same, out=out.view(-1))
+        stacked = torch.stack(same)
         return stacked if out is None else out.copy_(stacked.view(out.shape))
     dest = out
     norms: list[Optional[torch.Tensor]] = [None] * len(tensors)

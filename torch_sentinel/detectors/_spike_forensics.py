@@ -163,12 +163,13 @@ def per_unit(values: np.ndarray, unit_of: Sequence[int], units: int, how: str = 
         how: ``"l2"`` or ``"sum"``.
     """
     t = values.shape[0]
-    out = np.zeros((t, units))
+    out = np.zeros((units, t))
     index = np.asarray(unit_of, dtype=np.int64)
     data = values.astype(np.float64) ** 2 if how == "l2" else values.astype(np.float64)
-    np.add.at(out, (slice(None), index), data)
+    np.add.at(out, index, data.T)
+    out = out.T
     counts = np.bincount(index, minlength=units)
-    out[:, counts == 0] = np.nan
+    out[:, counts[:units] == 0] = np.nan
     return np.sqrt(out) if how == "l2" else out
 
 

@@ -86,7 +86,7 @@ class LossSpikeDetector(Detector):
         self.probe = SpikeProbe(RING_STEPS)
         self.spikes = 0
         self._history: collections.deque[_Step] = collections.deque(maxlen=2 * RING_STEPS)
-        self._columns_cache: Optional[tuple[list[str], np.ndarray]] = None
+        self._columns_cache: Optional[tuple[list[str], np.ndarray, dict[str, int]]] = None
 
     def probes(self) -> Sequence[Probe]:
         return (self.probe,)
@@ -134,13 +134,13 @@ class LossSpikeDetector(Detector):
         cached = self._columns_cache
         if cached is None or cached[0] is not keys:
             pos = {k: i for i, k in enumerate(keys)}
-            cached = self._columns_cache = (keys, np.array([pos.get(p, -1) for p in layout.params], dtype=np.int64))
-        index = cached[1]
+            index = np.array([pos.get(p, -1) for p in layout.params], dtype=np.int64)
+            cached = self._columns_cache = (keys, index, {p: i for i, p in enumerate(layout.params)})
+        _, index, column = cached
         norms = preclip_grad_norms(rec)
         out = np.where(index >= 0, norms[np.maximum(index, 0)], np.nan)
-        for name in rec.meta.grad_missing:
-            if name in layout.params:
-                out[layout.params.index(name)] = np.nan
+        missing = [column[n] for n in rec.meta.grad_missing if n in column]
+        out[missing] = np.nan
         return out
 
     # -- forensics ------------------------------------------------------------------------

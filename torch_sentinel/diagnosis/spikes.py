@@ -43,7 +43,8 @@ def spike_timeline(finding: Finding) -> list[str]:
     ev = finding.evidence
     if finding.kind != "loss_spike" or finding.step is None:
         return []
-    series = ev.get("series") if isinstance(ev.get("series"), dict) else {}
+    found = ev.get("series")
+    series: dict[str, Any] = found if isinstance(found, dict) else {}
     events: list[tuple[int, int, str]] = []
     for rank, mover in enumerate(ev.get("ranked") or []):
         if not isinstance(mover, dict) or not isinstance(mover.get("lead_steps"), int):

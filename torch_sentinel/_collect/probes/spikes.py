@@ -34,6 +34,7 @@ from ..ledger import FLOAT_MAX
 from ..probe import Probe, ProbeHost
 from ..spike_ring import RingLayout, SpikeRing, unit_layout
 from ..spike_stats import mean_logsumexp
+from ..tensors import materialized
 
 __all__ = ["SPIKE_ATTN", "SPIKE_INPUT", "SPIKE_OUT", "SpikeProbe"]
 
@@ -64,8 +65,9 @@ class SpikeProbe(Probe):
         self.layout: Optional[RingLayout] = None
         self.vocab = 0
         self._heads: list[nn.Module] = []
-        self._lse: Optional[torch.Tensor] = None
-        self._ids: Optional[torch.Tensor] = None
+        #: Ledger slots (looked up at each write: a later probe's block may reallocate the row).
+        self._lse: Optional[int] = None
+        self._ids: Optional[int] = None
         self._attention: Optional[AttentionLogits] = None
         #: The head's latest output (weakly: the logits must not outlive their step).
         self._head_output: Optional[weakref.ref[torch.Tensor]] = None
@@ -82,13 +84,11 @@ class SpikeProbe(Probe):
         ledger = host.ledger
         if attention:
             block = ledger.add_block(SPIKE_ATTN, [n for n, _ in attention], -FLOAT_MAX)
-            self._attention = AttentionLogits(attention, ledger.views[block.start : block.stop])
+            self._attention = AttentionLogits(attention, ledger, block.start)
             self._attention.install(host.hooks)
         if self.vocab:
-            out = ledger.add_block(SPIKE_OUT, ["lse"], -FLOAT_MAX)
-            self._lse = ledger.views[out.start]
-        ids = ledger.add_block(SPIKE_INPUT, ["ids_max"], -FLOAT_MAX)
-        self._ids = ledger.views[ids.start]
+            self._lse = ledger.add_block(SPIKE_OUT, ["lse"], -FLOAT_MAX).start
+        self._ids = ledger.add_block(SPIKE_INPUT, ["ids_max"], -FLOAT_MAX).start
         if host.sharded:
             return  # local shards' norms are not the parameters' (see README Limitations)
         self.ring = SpikeRing(host.device, host.optimizers, host.param_tensors, self.steps)
@@ -100,7 +100,7 @@ class SpikeProbe(Probe):
             param_names,
             [host.map.param_owner.get(n, n.rpartition(".")[0]) for n in param_names],
             [keys.get(id(p)) for p in cols],
-            [p.numel() for p in cols],
+            [p.numel() if materialized(p) else 0 for p in cols],
             [n for n, _ in attention],
             output,
         )
@@ -114,11 +114,10 @@ class SpikeProbe(Probe):
             return
         if ids.numel() == 0 or ids.dtype is torch.bool:
             return
-        self._ids.copy_(ids.detach().amax())
+        self.host.ledger.views[self._ids].copy_(ids.detach().amax())
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
-        view = self._lse
-        if view is None or not t.is_floating_point() or t.dim() < 2 or t.shape[-1] != self.vocab:
+        if self._lse is None or not t.is_floating_point() or t.dim() < 2 or t.shape[-1] != self.vocab:
             return
         if slot == 0:
             head = self._head_output() if self._head_output is not None else None
@@ -129,6 +128,7 @@ class SpikeProbe(Probe):
             return  # traced, the root's output is always delivered: it alone is taken
         else:
             self._head_output = weakref.ref(t)
+        view = self.host.ledger.views[self._lse]
         with torch.no_grad():
             value = mean_logsumexp(t, out=view)
             if value is not view:
