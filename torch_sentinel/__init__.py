@@ -17,6 +17,8 @@ from ._errors import (
     ShapeContractError,
 )
 from ._findings import BOUNDARIES, Finding
+from ._record import StepRecord
+from .detectors import Detector, RunContext, Threshold
 from .diagnosis import Report
 from .repro import check_determinism, replay, seed_everything
 from .shapes import check_shapes, expect
@@ -25,14 +27,18 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BOUNDARIES",
+    "Detector",
     "Finding",
     "InstrumentationError",
     "NonFiniteError",
     "OptionError",
     "Report",
+    "RunContext",
     "Sentinel",
     "SentinelError",
     "ShapeContractError",
+    "StepRecord",
+    "Threshold",
     "__version__",
     "attach",
     "check_determinism",

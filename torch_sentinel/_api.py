@@ -16,19 +16,20 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch import nn
 
-from ._collect.collector import Collector, Fault
+from ._collect.collector import Collector
 from ._collect.model_map import unwrap_model
 from ._collect.probe import Probe
 from ._collect.probes.clip import ClipProbe
-from ._collect.records import StepRecord
 from ._compile import HookLiveness, first_fault_in_row
 from ._distributed import RankSync, gather_findings
-from ._errors import NonFiniteError, SentinelError, format_message
+from ._errors import NonFiniteError, SentinelError, format_message, without_our_frames
 from ._findings import Finding
 from ._lifecycle import dump_state, forget, load_state
 from ._model_side import ModelSide, ModelSideHandle
 from ._options import Options, resolve_check_mode
-from .detectors import RunContext, default_detectors
+from ._record import StepRecord
+from ._record.fault import Fault
+from .detectors import Detector, RunContext, default_detectors, install_probes
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
 from .repro.run_record import RunRecord
@@ -65,7 +66,8 @@ class Sentinel(ModelSideHandle):
         self.on_nonfinite_callbacks: list[Callable[[NonFiniteError, Sentinel], None]] = []
         self.rank = _rank()
 
-        collector = Collector(model, optimizers, immediate=False, update_every=0, on_record=self._on_record)
+        collector = Collector(model, optimizers, immediate=False, update_every=0, on_record=self._on_record,
+                              thresholds=options.thresholds)
         # Everything that refers to the model lives in `side`, owned by the model; this object
         # holds it weakly (see _model_side.py). `_pinned` holds it while it closes us.
         side = ModelSide(model, root, optimizers, collector, self._on_model_collected)
@@ -80,6 +82,7 @@ class Sentinel(ModelSideHandle):
         collector.number_steps(options.start_step, options.step_source)
         c = collector
         held = {id(q) for o in optimizers for g in o.param_groups for q in g["params"]}
+        names = {id(p): n for n, p in c.params}
         side.context = context = RunContext(
             module_names=c.module_names,
             module_types={n: type(m).__name__ for n, m in c.map.modules},
@@ -94,13 +97,19 @@ class Sentinel(ModelSideHandle):
             rank=self.rank,
             exact_norms=c.ledger.host_view is not None,
             adversarial=lambda: c.adversarial,
+            optimizer_groups=[[names[id(q)] for g in o.param_groups for q in g["params"] if id(q) in names]
+                              for o in optimizers],
+            optimizer_types=[type(o).__name__ for o in optimizers],
+            trainable={n for n, p in c.params if p.requires_grad},
+            param_dtypes={n: p.dtype for n, p in c.params},
+            in_progress=c.step_in_progress,
         )
         self._core_width = c.ledger.width
         side.nonfinite = NonFiniteDiagnosis(context)
-        side.detectors = default_detectors(context, options.disable)
+        side.detectors = default_detectors(options.disable) + list(options.detectors)
         for d in side.detectors:
-            for probe in d.probes():
-                c.add_probe(probe)
+            d.bind(context)
+        install_probes(c, side.detectors)
         # After the core width: norms before clipping, from the loop's own clip calls.
         c.add_probe(ClipProbe())
         # Under torch.distributed, ranks agree on non-finite faults before anyone raises.
@@ -136,8 +145,9 @@ class Sentinel(ModelSideHandle):
             for sink in self._sinks:
                 self._safe(sink.close)
             raise
+        # Structural verdicts (from the model and optimizers alone) come before the first step.
         for d in side.detectors:
-            self._add_findings(d.at_attach(), write=True)
+            self._finish_window_of(d, [])
 
     # ------------------------------------------------------------------ public
     @property
@@ -214,6 +224,8 @@ class Sentinel(ModelSideHandle):
                 pending = self._collector.take_pending_validation()
                 if pending is not None:
                     self._on_record(pending)
+            except SentinelError as err:  # a fault in a landed row: raised from the user's call
+                raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened
             finally:
                 self._flushing = False
         self._flush_window()
@@ -230,8 +242,9 @@ class Sentinel(ModelSideHandle):
         (``torch.save({"model": ..., "optimizer": ..., "sentinel": sentinel.state_dict()})``)
         and pass it to :meth:`load_state_dict` right after ``attach()`` in the resumed run.
 
-        Pending rows are flushed first (cold path). The detectors' part is a pickled blob, so
-        the dict loads with ``torch.load(..., weights_only=True)``.
+        Pending rows are flushed first (cold path). The dict holds only tensors, numbers,
+        strings, lists, dicts, None and bools, so it loads with ``torch.load(...,
+        weights_only=True)``; a detector attribute that is not plain data raises here.
         """
         self.flush()
         return dump_state(self.step, self._nonfinite_reported, self._findings, self._detectors)
@@ -251,7 +264,7 @@ class Sentinel(ModelSideHandle):
                 arrived=f"{self.step - self.options.start_step} step(s) already recorded by {self!r}",
                 next_check="move load_state_dict() before the training loop",
             ))
-        step, reported, findings = load_state(state, self._detectors)
+        step, reported, findings = load_state(state, self._detectors, self._collector.device)
         self._collector.start_at(step)
         for f in findings:
             key = (f.kind, f.module, f.boundary)
@@ -259,6 +272,20 @@ class Sentinel(ModelSideHandle):
                 self._finding_keys.add(key)
                 self._findings.append(f)
         self._nonfinite_reported = self._nonfinite_reported or reported
+
+    def continue_from(self, previous: Sentinel) -> None:
+        """Go on from ``previous``, detached from the same model (``attach()`` on an attached
+        model): its findings are this sentinel's too, and are not reported again.
+
+        Args:
+            previous: the sentinel this one replaces.
+        """
+        for f in previous.findings:
+            key = (f.kind, f.module, f.boundary)
+            if key not in self._finding_keys:
+                self._finding_keys.add(key)
+                self._findings.append(f)
+        self._nonfinite_reported = self._nonfinite_reported or any(f.kind == "non_finite" for f in previous.findings)
 
     def report(self, *, all_ranks: Optional[bool] = None) -> Report:
         """Flush pending evidence and return the diagnosis.
@@ -269,7 +296,7 @@ class Sentinel(ModelSideHandle):
         """
         self.flush()
         for d in self._detectors:
-            self._add_findings(d.finish(), write=True)
+            self._finish_detector(d)
         findings = list(self._findings)
         if all_ranks is None:
             all_ranks = self._ranks is not None
@@ -314,9 +341,11 @@ class Sentinel(ModelSideHandle):
                 self._safe(sink.close)
             forget(side.root, self)
 
-    def _close_unattended(self) -> None:
-        """Detach without the user: at interpreter exit, or when the sentinel is collected.
-        Nothing may escape from here (there is no caller to catch it)."""
+    def close_unattended(self) -> None:
+        """Detach without the user: at interpreter exit, or when the sentinel or its model is
+        collected. Nothing may escape from here (there is no caller to catch it). Internal:
+        the seam for ``_lifecycle`` (the exit hook) and the model side's finalizer; users call
+        :meth:`detach`."""
         try:
             self._detach(quiet=True)
         except BaseException as exc:
@@ -328,7 +357,7 @@ class Sentinel(ModelSideHandle):
         # process-wide patches go once the last sentinel is gone. getattr: the constructor
         # may have failed before _detached existed.
         if not getattr(self, "_detached", True):
-            self._close_unattended()
+            self.close_unattended()
 
     def __enter__(self) -> Sentinel:
         return self
@@ -422,15 +451,12 @@ class Sentinel(ModelSideHandle):
         records, self._window = self._window, []
         new: list[Finding] = []
         for d in self._detectors:
-            try:
-                new.extend(d.observe(records))
-            except SentinelError:
-                raise
-            except Exception as exc:  # a detector bug must never stop training
-                logger.warning("torch_sentinel: detector %s failed: %s", type(d).__name__, exc)
+            new.extend(self._detector_window(d, records))
         added = self._add_findings(new)
         for sink in self._sinks:
             self._safe(sink.write, records, added)
+        for record in records:
+            record.drop_decoded()
         if records:
             stats: dict[str, float] = {}
             for d in self._detectors:
@@ -444,8 +470,24 @@ class Sentinel(ModelSideHandle):
                     if write_stats is not None:
                         self._safe(write_stats, records[-1].step, stats)
 
-    def _finish_detector(self, detector: Any) -> None:
-        self._add_findings(detector.finish(), write=True)
+    def _detector_window(self, detector: Detector, records: list[StepRecord]) -> list[Finding]:
+        """``records`` through ``detector``, then its conclusions. A detector that raises
+        anything but a SentinelError is a bug: logged, and training goes on."""
+        try:
+            for record in records:
+                detector.update(record)
+            return [*detector.conclude(), *detector.take_flagged()]
+        except SentinelError:
+            raise
+        except Exception as exc:  # a detector bug must never stop training
+            logger.warning("torch_sentinel: detector %s failed: %s", type(detector).__name__, exc)
+            return []
+
+    def _finish_window_of(self, detector: Detector, records: list[StepRecord]) -> None:
+        self._add_findings(self._detector_window(detector, records), write=True)
+
+    def _finish_detector(self, detector: Detector) -> None:
+        self._add_findings([*detector.conclude(final=True), *detector.take_flagged()], write=True)
 
     def _record_finding(self, finding: Finding) -> None:
         self._add_findings([finding], write=True)

@@ -30,15 +30,16 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ._collect.collector import Collector, Fault
+from ._collect.collector import Collector
 from ._collect.ledger import Ledger
 from ._collect.probe import Probe
-from ._collect.records import StepMeta, TensorEvidence
 from ._collect.rungs import Rung, slot_levels
 from ._collect.transfer import AsyncFetch
 from ._findings import Finding
+from ._record import StepMeta
+from ._record.fault import Fault
 
-__all__ = ["Priorities", "RankSync", "describe", "gather_findings", "world"]
+__all__ = ["Priorities", "RankSync", "gather_findings", "world"]
 
 
 def world() -> tuple[Optional[int], int]:
@@ -95,28 +96,6 @@ class Priorities:
         row = row[: self.width]
         bad = torch.isnan(row) | ((row == math.inf) & ~posinf_ok) | ((row == -math.inf) & ~neginf_ok)
         return torch.where(bad, levels, torch.full_like(levels, float(self.none))).amin()
-
-
-def describe(rung: Rung, module_names: Sequence[str], owner: Callable[[str], Optional[str]],
-             previous: Optional[Rung] = None) -> tuple[Optional[str], dict[str, Any]]:
-    """The module and the detail ``locate()`` gives for a fault at ``rung`` (``previous``: the
-    level before it, which for an output gradient is the module whose backward made it)."""
-    kind, key = rung.spec.kind, rung.key
-    if kind in ("weights", "grad_norm", "update_norm"):
-        return owner(key), {"parameter": key}
-    if kind == "data":
-        return None, {"input": "args[0]" if rung.index == 0 else "extra input"}
-    if kind == "forward":
-        return module_names[rung.index], {}
-    if kind == "outgrad":
-        detail = {"incoming_to": module_names[rung.index], "source": "loss backward"}
-        if previous is not None and previous.spec is rung.spec:
-            detail["source"] = "module backward"
-            return module_names[previous.index], detail
-        return None, detail
-    if kind == "loss":
-        return None, {"loss": key}
-    return None, {"present": "stale gradients"}
 
 
 class RankSync(Probe):
@@ -201,19 +180,19 @@ class RankSync(Probe):
 
     def _fault(self, step: int, level: int, rank: int) -> Fault:
         rung = self._prio.rungs[level]
-        step = max(step + rung.spec.step_offset, 0)
         held = self._held
-        if rank == self.rank and held is not None and held.step == step:
+        if rank == self.rank and held is not None and held.step == max(step + rung.spec.step_offset, 0):
             return held  # this rank saw it happen: exact evidence
         param_owner = self._c.map.param_owner
-        module, detail = describe(rung, self._c.module_names,
-                                  lambda p: param_owner.get(p, p.rpartition(".")[0]),
-                                  self._prio.rungs[level - 1] if level else None)
-        detail.setdefault("present", "non-finite values")
-        detail["reported_by_rank"] = rank
-        if module is not None:
-            detail["module_type"] = self._c.map.type_of(module)
-        return Fault(step, rung.boundary, module, TensorEvidence(), detail)
+        before = self._prio.rungs[level - 1] if level else None
+        previous = before.index if before is not None and before.spec is rung.spec else None
+        fault = Fault.at_rung(rung.spec.kind, step, rung.index, rung.key, self._c.module_names,
+                              lambda p: param_owner.get(p, p.rpartition(".")[0]), previous=previous,
+                              reported_by_rank=rank)
+        fault.detail.setdefault("present", "non-finite values")
+        if fault.module is not None:
+            fault.detail["module_type"] = self._c.map.type_of(fault.module)
+        return fault
 
 
 def gather_findings(findings: Sequence[Finding]) -> list[Finding]:

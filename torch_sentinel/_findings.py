@@ -66,6 +66,8 @@ class Finding:
     next_check: Optional[str] = None
     rank: Optional[int] = None
     onset_step: Optional[int] = None
+    #: The one-line hypothesis the evidence supports (the detector's), for the report.
+    hypothesis: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.boundary not in BOUNDARIES:
@@ -85,7 +87,10 @@ class Finding:
         return self.severity != "info"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["hypothesis"] is None:
+            del out["hypothesis"]  # findings written before detectors carried one read the same
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Finding:

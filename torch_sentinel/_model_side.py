@@ -87,7 +87,7 @@ class ModelSideHandle:
         self._side_ref: weakref.ref[ModelSide] = weakref.ref(side)
         self._pinned: Optional[ModelSide] = None
 
-    def _close_unattended(self) -> None:
+    def close_unattended(self) -> None:
         raise NotImplementedError
 
     def _live_side(self) -> Optional[ModelSide]:
@@ -153,6 +153,6 @@ class ModelSideHandle:
         """The model is being garbage-collected while attached: close quietly (from a finalizer)."""
         self._pinned = side
         try:
-            self._close_unattended()
+            self.close_unattended()
         finally:
             self._pinned = None

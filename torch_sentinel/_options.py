@@ -14,9 +14,12 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._errors import OptionError, format_message
+
+if TYPE_CHECKING:
+    from .detectors import Detector
 
 __all__ = [
     "CHECK_MODES",
@@ -41,22 +44,25 @@ _NOT_DISABLEABLE = {
 }
 
 
-def finding_kinds() -> list[str]:
-    """Finding kinds that ``attach(disable=...)`` accepts: one per shipped detector."""
-    from .detectors.registry import DETECTORS
+def _detector_classes(extra: Iterable[Any] = ()) -> list[type[Detector]]:
+    from .detectors import builtin_detectors
 
-    return [cls.kind for cls in DETECTORS]
+    return [*builtin_detectors(), *(type(d) for d in extra)]
 
 
-def threshold_keys() -> dict[str, float]:
-    """Every ``"<kind>.<name>"`` key ``attach(thresholds=...)`` accepts, with its default,
-    as declared by the detectors (``thresholds`` class attribute)."""
-    from .detectors.registry import DETECTORS
+def finding_kinds(extra: Iterable[Any] = ()) -> list[str]:
+    """Finding kinds that ``attach(disable=...)`` accepts: one per shipped detector, and the
+    kinds of the user's own detectors (``extra``)."""
+    return [cls.kind for cls in _detector_classes(extra)]
 
+
+def threshold_keys(extra: Iterable[Any] = ()) -> dict[str, float]:
+    """Every ``"<kind>.<name>"`` key ``attach(thresholds=...)`` accepts, with its default, as
+    declared by the detectors (``thresholds`` class attribute), the user's (``extra``) too."""
     keys: dict[str, float] = {}
-    for cls in DETECTORS:
-        for name, default in getattr(cls, "thresholds", {}).items():
-            keys[f"{cls.kind}.{name}"] = default
+    for cls in _detector_classes(extra):
+        for name, declared in cls.thresholds.items():
+            keys[f"{cls.kind}.{name}"] = declared.default
     return keys
 
 
@@ -164,6 +170,8 @@ class Options:
     #: Number steps as a training framework does: called when a step's row closes, it returns
     #: the number of the next step (the Lightning callback passes ``global_step + 1``).
     step_source: Optional[Callable[[], int]] = None
+    #: The user's own detectors (``torch_sentinel.Detector`` instances), run beside the built-in ones.
+    detectors: tuple[Any, ...] = ()
 
     @classmethod
     def build(cls, **kwargs: Any) -> Options:
@@ -216,12 +224,51 @@ class Options:
             self.log_dir = os.fspath(self.log_dir)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
             raise _fail("seed", "an int, or None", self.seed)
-        self.disable = _disable(self.disable)
-        self.thresholds = _thresholds(self.thresholds)
+        self.detectors = _detectors(self.detectors)
+        self.disable = _disable(self.disable, self.detectors)
+        self.thresholds = _thresholds(self.thresholds, self.detectors)
 
 
-def _disable(value: Any) -> frozenset[str]:
-    kinds = finding_kinds()
+def _detectors(value: Any) -> tuple[Any, ...]:
+    from ._findings import BOUNDARIES
+    from .detectors import Detector, Threshold
+
+    example = "e.g. detectors=[MyDetector()]"
+    if isinstance(value, (str, Mapping)) or not isinstance(value, Iterable):
+        raise _fail("detectors", f"a list of torch_sentinel.Detector instances, {example}", value)
+    out = tuple(value)
+    taken = set(finding_kinds())
+    for d in out:
+        if isinstance(d, type) and issubclass(d, Detector):
+            raise _fail("detectors", "Detector instances, not classes", d, f"instantiate it: detectors=[{d.__name__}()]",
+                        headline="attach() option detectors holds a class")
+        if not isinstance(d, Detector):
+            raise _fail("detectors", f"torch_sentinel.Detector instances, {example}", d,
+                        "subclass torch_sentinel.Detector (see the README's 'Writing a detector')",
+                        headline="attach() option detectors holds something that is not a Detector")
+        name = type(d).__name__
+        if not isinstance(d.kind, str) or not d.kind:
+            raise _fail("detectors", "a detector class with a `kind` (its finding kind, a str)", d,
+                        f"set kind = \"...\" on {name}", headline=f"attach() option detectors: {name} has no kind")
+        if d.kind in taken:
+            raise _fail("detectors", "a kind no other detector uses", d.kind,
+                        f"rename {name}.kind (the built-in and given kinds: {', '.join(sorted(taken))})",
+                        headline=f"attach() option detectors: the kind {d.kind!r} is taken")
+        if d.rung not in BOUNDARIES:
+            raise _fail("detectors", "a rung of the ladder: " + ", ".join(BOUNDARIES), d.rung,
+                        _did_you_mean(str(d.rung), list(BOUNDARIES)),
+                        headline=f"attach() option detectors: {name}.rung is not a rung of the ladder")
+        for key, declared in d.thresholds.items():
+            if not isinstance(declared, Threshold):
+                raise _fail("detectors", "thresholds declared as Threshold(default, source)", declared,
+                            f"write {name}.thresholds = {{{key!r}: Threshold({declared!r}, \"where it comes from\")}}",
+                            headline=f"attach() option detectors: {name}.thresholds[{key!r}] is not a Threshold")
+        taken.add(d.kind)
+    return out
+
+
+def _disable(value: Any, detectors: tuple[Any, ...] = ()) -> frozenset[str]:
+    kinds = finding_kinds(detectors)
     example = "e.g. disable={'plateau'}"
     if isinstance(value, str) or not isinstance(value, Iterable) or isinstance(value, Mapping):
         hint = f"wrap it in a set: disable={{{value!r}}}" if isinstance(value, str) else (
@@ -245,12 +292,12 @@ def _disable(value: Any) -> frozenset[str]:
     return frozenset(out)
 
 
-def _thresholds(value: Any) -> dict[str, float]:
+def _thresholds(value: Any, detectors: tuple[Any, ...] = ()) -> dict[str, float]:
     example = "e.g. thresholds={'dead_relu.fraction': 0.9}"
     if not isinstance(value, Mapping):
         raise _fail("thresholds", f"a dict of '<kind>.<name>': number, {example}", value,
                     "leave it out to keep every default")
-    known = threshold_keys()
+    known = threshold_keys(detectors)
     out: dict[str, float] = {}
     for key, number in value.items():
         if not isinstance(key, str) or key not in known:

@@ -28,7 +28,8 @@ from .model import GPT, Config, Corpus, lm_loss, param_groups
 VARIANTS = ("bare", "sentinel", "sentinel_without_loss_spike")
 
 
-def measure(steps: int, warmup: int, cfg: Config = Config()) -> dict[str, object]:
+def measure(steps: int, warmup: int) -> dict[str, object]:
+    cfg = Config()
     torch.manual_seed(0)
     template = GPT(cfg)
     corpus, g = Corpus(), torch.Generator().manual_seed(0)

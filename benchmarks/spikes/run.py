@@ -37,7 +37,7 @@ import numpy as np
 from .baselines import BASELINES
 from .injections import CAUSES
 from .plan import CACHE, runs_for
-from .train import Run, Trace, run
+from .train import Run, run
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "results")
 WINDOW = 40

@@ -21,7 +21,9 @@ from torch import nn
 
 import torch_sentinel
 from torch_sentinel._collect.probe import Probe, ProbeHost
-from torch_sentinel._collect.records import StepRecord
+from torch_sentinel._collect.saturation import SaturatedFractions
+from torch_sentinel._record import StepRecord
+from torch_sentinel.facts import Activations
 
 
 class FailOnFlag(nn.Module):
@@ -125,11 +127,16 @@ def test_a_forward_that_raises_leaves_no_evidence_and_no_activation(check: str) 
         sentinel.detach(quiet=True)
     assert len(records) == 1
     rec = records[0]
-    assert rec.meta.extra.get("saturation")
-    assert rec.value("saturation", "tanh") == 0.0  # the failed forward's 1.0 is not charged here
-    assert rec.value("saturation", "sig") == 0.0
-    assert rec.value("act.max", "lin1") == pytest.approx(expected_lin, rel=1e-6)
-    assert rec.value("act.max", "tanh") < rec.value("act.min", "tanh")  # untouched pair
+    saturated = rec.fact(SaturatedFractions)
+    assert saturated is not None
+    fractions = dict(zip(saturated.modules, saturated.values.tolist()))
+    assert fractions["tanh"] == 0.0  # the failed forward's 1.0 is not charged here
+    assert fractions["sig"] == 0.0
+    act = rec.fact(Activations)
+    assert act is not None
+    lin1, tanh = list(act.modules).index("lin1"), list(act.modules).index("tanh")
+    assert act.hi[lin1] == pytest.approx(expected_lin, rel=1e-6)
+    assert act.hi[tanh] < act.lo[tanh]  # untouched pair
 
 
 def test_a_retry_inside_the_except_block_keeps_its_evidence() -> None:

@@ -14,7 +14,7 @@ from torch import nn
 
 import torch_sentinel
 from torch_sentinel._collect.collector import Collector
-from torch_sentinel._collect.records import StepRecord
+from torch_sentinel._record import StepRecord
 from torch_sentinel.testing import count_host_syncs
 
 

@@ -14,7 +14,7 @@ from torch import nn
 import torch_sentinel
 from torch_sentinel._collect.collector import Collector
 from torch_sentinel._collect.probe import EVENTS, Probe, ProbeHost, overrides
-from torch_sentinel._collect.records import StepMeta, StepRecord
+from torch_sentinel._record import StepMeta, StepRecord
 
 
 class HeadMean(Probe):

@@ -17,7 +17,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import torch_sentinel
-from torch_sentinel.detectors import registry
+from torch_sentinel.detectors import builtin_detectors
 
 BACKEND = "aot_eager"
 
@@ -60,7 +60,7 @@ def _train(call: Callable[[torch.Tensor], torch.Tensor], opt: torch.optim.Optimi
 
 
 def _all_kinds() -> set[str]:
-    return {d.kind for d in registry.DETECTORS}
+    return {d.kind for d in builtin_detectors()}
 
 
 def _frames() -> int:

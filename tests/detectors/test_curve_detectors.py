@@ -11,7 +11,7 @@ import torch
 
 import torch_sentinel
 from torch_sentinel._collect.ledger import Ledger
-from torch_sentinel._collect.records import StepMeta, StepRecord
+from torch_sentinel._record import StepMeta, StepRecord
 from torch_sentinel.detectors.amp_skips import AmpSkipsDetector
 from torch_sentinel.detectors.base import Detector, RunContext
 from torch_sentinel.detectors.diverging import DivergingDetector
@@ -35,11 +35,20 @@ def ctx(**thresholds: float) -> RunContext:
                       optimizer_params=set(), forward_order=list, thresholds=dict(thresholds))
 
 
+def bound(cls: type[Detector], context: RunContext) -> Detector:
+    detector = cls()
+    detector.bind(context)
+    return detector
+
+
 def run(detector: Detector, records: list[StepRecord], window: int = 10) -> list:
+    """Feed the records a flush window at a time, as the sentinel does."""
     found = []
     for i in range(0, len(records), window):
-        found += list(detector.observe(records[i : i + window]))
-    return found + list(detector.finish())
+        for rec in records[i : i + window]:
+            detector.update(rec)
+        found += [*detector.conclude(), *detector.take_flagged()]
+    return [*found, *detector.conclude(final=True), *detector.take_flagged()]
 
 
 rng = np.random.default_rng(0)
@@ -74,7 +83,7 @@ def test_curves(case: str) -> None:
     records = [record(s, x, val(s) if val is not None and s % 10 == 9 else None) for s, x in enumerate(train)]
     kinds = set()
     for cls in (OverfittingDetector, DivergingDetector, PlateauDetector):
-        for f in run(cls(ctx()), records):
+        for f in run(bound(cls, ctx()), records):
             kinds.add(f.kind)
             assert f.boundary == "curves" and f.step is not None
     assert kinds == expected
@@ -83,20 +92,20 @@ def test_curves(case: str) -> None:
 def test_overfitting_evidence_names_the_turn() -> None:
     train, val, _ = CURVES["overfit"]
     records = [record(s, x, val(s) if s % 10 == 9 else None) for s, x in enumerate(train)]
-    (f,) = run(OverfittingDetector(ctx()), records)
+    (f,) = run(bound(OverfittingDetector, ctx()), records)
     assert f.evidence["best_step"] == 39 and f.evidence["last_validation"] > f.evidence["best_validation"] * 1.1
 
 
 def test_plateau_threshold_is_configurable() -> None:
     records = [record(s, 2.0 - 0.004 * s) for s in range(40)]  # 5% better by step 30
-    assert [f.kind for f in run(PlateauDetector(ctx()), records)] == []
-    assert [f.kind for f in run(PlateauDetector(ctx(**{"plateau.improvement": 0.08})), records)] == ["plateau"]
+    assert [f.kind for f in run(bound(PlateauDetector, ctx()), records)] == []
+    assert [f.kind for f in run(bound(PlateauDetector, ctx(**{"plateau.improvement": 0.08})), records)] == ["plateau"]
 
 
 @pytest.mark.parametrize(("skips", "fires"), [(29, False), (30, True)], ids=["29_skips", "30_skips"])
 def test_amp_skips(skips: int, fires: bool) -> None:
     records = [record(s, 1.0, skipped=s < skips) for s in range(40)]
-    found = run(AmpSkipsDetector(ctx()), records)
+    found = run(bound(AmpSkipsDetector, ctx()), records)
     assert bool(found) is fires
     if fires:
         assert found[0].evidence["consecutive_skips"] == 30 and found[0].step == 29

@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import torch_sentinel
-from torch_sentinel.detectors import registry
+from torch_sentinel.detectors import builtin_detectors
 from torch_sentinel.testing import count_host_syncs
 
 
@@ -38,7 +38,7 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, n: int) -> None:
 
 
 def test_every_detector_ships() -> None:
-    kinds = {cls.kind for cls in registry.DETECTORS}
+    kinds = {cls.kind for cls in builtin_detectors()}
     assert {"dead_relu", "no_update", "unregistered_parameter", "no_gradient", "missing_zero_grad",
             "exploding_gradient", "vanishing_gradient", "overfitting", "diverging", "plateau",
             "probabilities_as_logits", "loss_broadcast", "unnormalized_input",

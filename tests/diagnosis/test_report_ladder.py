@@ -9,7 +9,7 @@ from torch import nn
 
 import torch_sentinel
 from torch_sentinel import Finding, Report
-from torch_sentinel.diagnosis.ladder import HEALTHY_NEXT_CHECK, NEXT_CHECKS
+from torch_sentinel.diagnosis.ladder import HEALTHY_NEXT_CHECK
 
 SEED_CASES = {
     # the seeds' Lab: name -> (findings' (kind, boundary), expected boundary, expected next check)
@@ -37,10 +37,11 @@ def test_info_findings_do_not_fail_a_rung() -> None:
     assert report.ok and report.boundary is None and report.next_check == HEALTHY_NEXT_CHECK
 
 
-def test_every_shipped_kind_has_a_next_check() -> None:
-    from torch_sentinel.detectors import registry
+def test_every_shipped_kind_declares_its_next_check_and_hypothesis() -> None:
+    from torch_sentinel.detectors import builtin_detectors
 
-    assert {cls.kind for cls in registry.DETECTORS} <= set(NEXT_CHECKS)
+    for cls in builtin_detectors():
+        assert cls.next_check and cls.hypothesis, cls.__name__
 
 
 def test_report_text_reads_like_an_experiment_log() -> None:

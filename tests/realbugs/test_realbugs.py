@@ -1,42 +1,84 @@
 """Public bug reports, each as a buggy and a fixed program (``programs/``, sources in each
 docstring): the buggy run is found with the right kind, localised where the bug has a place,
-within 20 optimizer steps of its onset; the fixed run is quiet."""
+naming a cause its ground truth allows, within 20 optimizer steps of its onset; the fixed run is
+quiet.
+
+Programs that failed their first run (``FIRST_RUN.md``) are strict xfails with what happened, so
+the suite passes now and a mechanism that starts finding one shows up as an XPASS.
+"""
 
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import pytest
-from realbugs.harness import PROGRAMS, execute, load
+from realbugs.harness import PROGRAMS, execute, judge, load
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-#: At default settings a fault present from its onset is reported within this many steps.
-LATENCY = 20
+#: Buggy programs the first run (commit 9804e55) did not diagnose correctly: stem -> what happened.
+#: The analysis of each is in FIRST_RUN.md.
+FIRST_RUN_MISSES: dict[str, str] = {
+    "bce_mask_targets_0_255": "invalid_target not found, nothing reported (loss targets are never reduced)",
+    "bce_targets_augmented_to_minus1": "invalid_target not found, nothing reported (loss targets are never reduced)",
+    "class_indices_as_bce_targets": "invalid_target not found, nothing reported (loss targets are never reduced)",
+    "box_target_log_of_zero_height": "non_finite at step 15 named likely cause 'learning_rate' "
+                                     "(from 2.bias's update ratio 0.14), want 'data' (a -inf target)",
+    "clip_grad_norm_max_norm_zero": "nothing reported: gradients zeroed in place by clip_grad_norm_(max_norm=0) "
+                                    "read as zero gradients, not as cleared ones",
+    "cosine_schedule_shorter_than_run": "no_update at step 32 says 'no parameter can move any more', "
+                                        "but the lr rises again from step 40",
+    "dataset_labels_misaligned_with_images": "nothing reported: loss at chance ln 2, but noise dips "
+                                             "of 6% pass plateau's 3% improvement test",
+    "encoder_under_no_grad_with_own_optimizer": "no_gradient named 'encoder.convnet', not the network 'encoder'",
+    "handwritten_bce_log_of_zero": "non_finite at step 48 named likely cause 'learning_rate' "
+                                   "(from 2.bias's update ratio 1.21), want 'local_loss'",
+    "kl_div_on_probabilities": "invalid_loss_input not found, nothing reported (kl_div is not watched)",
+    "log_softmax_over_batch_dim": "invalid_loss_input not found, nothing reported (nll_loss inputs "
+                                  "are not checked for log-probabilities over dim 1)",
+    "log_softmax_reshaped_without_permute": "invalid_loss_input not found; only plateau at step 29 (at chance ln 2)",
+    "minibatch_std_on_batch_of_one": "non_finite in D.mbstd at step 8 named likely cause 'accumulating_gradients' "
+                                     "(G's gradients counted as stale), want 'local_forward'",
+    "nll_loss_on_raw_logits": "invalid_loss_input not found, nothing reported",
+    "nll_loss_on_softmax_probabilities": "reported as probabilities_as_logits ('nll_loss expects logits'), "
+                                         "invalid_loss_input not found",
+    "shared_input_mlp_for_two_features": "shared_module not found, nothing reported (no mechanism)",
+    "shared_residual_via_list_multiplication": "shared_module not found, nothing reported (no mechanism)",
+    "sigmoid_output_with_default_bce_with_logits": "probabilities_as_logits named '' (the squeezed root output), "
+                                                   "not the Sigmoid at 'output.1'",
+    "step_lr_stepped_per_batch": "update_ratio 'too low' concluded at step 50, reported at 59; onset 14",
+}
+
+#: Fixed programs the first run reported a fault on: stem -> what was reported.
+FIRST_RUN_FALSE_ALARMS: dict[str, str] = {}
 
 
-def test_there_are_at_least_twelve_bug_reports() -> None:
-    assert len(PROGRAMS) >= 12
+def _params(known: dict[str, str]) -> list[Any]:
+    return [pytest.param(p, id=p.stem, marks=pytest.mark.xfail(strict=True, reason=f"first run 9804e55: {known[p.stem]}"))
+            if p.stem in known else pytest.param(p, id=p.stem) for p in PROGRAMS]
 
 
-@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+def test_the_corpus_has_forty_reports_of_twenty_five_classes() -> None:
+    programs = [load(p) for p in PROGRAMS]
+    assert len(programs) >= 40
+    assert len({p.CLASS for p in programs}) >= 25
+
+
+def test_every_xfail_names_a_program() -> None:
+    stems = {p.stem for p in PROGRAMS}
+    assert set(FIRST_RUN_MISSES) <= stems and set(FIRST_RUN_FALSE_ALARMS) <= stems
+
+
+@pytest.mark.parametrize("path", _params(FIRST_RUN_MISSES))
 def test_buggy_program_is_found_localised_and_early(path: pathlib.Path) -> None:
     program = load(path)
-    assert program.__doc__ and "Source:" in program.__doc__ and program.SOURCE
-    out = execute(program, bug=True)
-    f = out.first(program.KIND)
-    assert f is not None, f"{program.KIND} not found; got {[(g.kind, g.module, g.step) for g in out.findings]}"
-    if program.MODULE is not None:
-        assert f.module == program.MODULE, (f.module, f.message)
-    nan = out.first("non_finite")
-    if program.CAUSE is not None and nan is not None:  # the NaN, if it came, names the cause first
-        assert nan.evidence.get("likely_cause") == program.CAUSE, nan.evidence.get("likely_causes")
-    reported = out.reported_step(f)
-    assert reported is not None and reported - program.ONSET <= LATENCY, (reported, program.ONSET)
-    assert f.onset_step is not None and f.onset_step <= reported
+    assert program.__doc__ and "Source:" in program.__doc__ and program.SOURCE and program.CLASS
+    verdict = judge(program, execute(program, bug=True))
+    assert verdict.correct, verdict.problems
 
 
-@pytest.mark.parametrize("path", PROGRAMS, ids=[p.stem for p in PROGRAMS])
+@pytest.mark.parametrize("path", _params(FIRST_RUN_FALSE_ALARMS))
 def test_fixed_program_is_quiet(path: pathlib.Path) -> None:
     out = execute(load(path), bug=False)
     assert out.error is None, str(out.error)

@@ -25,14 +25,16 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from .._errors import SentinelError
+from .._errors import SentinelError, raised_at_entry
+from .._record import Fact, FactSources, StepMeta, StepRecord
+from .._record.fault import Fault
 from .batch import BatchedFractions, BatchedMax, OnBad
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
 from .compat import is_compiling as _is_compiling
+from .copies import leave_hooks_out_of_copies
 from .dtypes import DtypePolicy
 from .entry import DataEntry
-from .faults import DATA_SHAPE_KEYS, Fault, weight_fault
 from .hookset import HookSet, ModuleHook
 from .ledger import Ledger
 from .listeners import (
@@ -55,20 +57,19 @@ from .probes import (
     StepProbe,
     UpdateProbe,
 )
-from .records import StepMeta, StepRecord
 from .replaced import Replacements
 from .rerun import RngState, capture_rng, rerun_forward
 from .rows import RowQueue
 from .schedule import ProbeTable
 from .scope import BackwardScope, OptimizerReach, register_params, unregister_params
 from .stepping import BackwardSteps, StepNumbering
-from .tensors import all_finite, iter_tensors, reducible, tensor_evidence
+from .tensors import all_finite, iter_tensors, reducible
 from .transfer import read_now
 from .unwatched import Unwatched
 from .unwatched import functorch_active as _functorch_active
 from .watching import ModuleWatch
 
-__all__ = ["DATA_SHAPE_KEYS", "Collector", "Fault", "iter_tensors", "tensor_evidence", "weight_fault"]
+__all__ = ["Collector"]
 
 class Collector:
     """Schedules the probes' events and owns the ledger and the host ring.
@@ -86,9 +87,13 @@ class Collector:
         update_every: int,
         on_record: Callable[[StepRecord], None],
         ring_rows: int = 128,
+        thresholds: Optional[dict[str, float]] = None,
     ) -> None:
         self.model = model
         self.map = ModelMap(model)
+        #: The decoders of the device facts (``_record/fact.py``), shared by every record.
+        self.facts = FactSources()
+        self._thresholds = dict(thresholds or {})
         self.optimizers = optimizers
         self.hooks = HookSet()
         self.step = 0
@@ -181,7 +186,7 @@ class Collector:
         self._unwatched = Unwatched()
         self._grad_hooks = [functools.partial(self._on_output_grad, i) for i in range(len(self.module_names))]
         self._grad_prehooks = [functools.partial(self._on_node_grads, i, 0) for i in range(len(self.module_names))]
-        self.rows = RowQueue(self.ledger, self.device, on_record, ring_rows)
+        self.rows = RowQueue(self.ledger, self.device, on_record, ring_rows, self.facts)
 
     # ------------------------------------------------------------------ set-up
     @property
@@ -220,11 +225,18 @@ class Collector:
         """Set ``probe`` up and schedule the events it implements; a probe is added once."""
         self.table.add(probe, self)
 
+    def has_probe(self, kind: type[Probe]) -> bool:
+        return any(type(p) is kind for p in self.table.probes)
+
+    def step_in_progress(self) -> StepMeta:
+        """The host facts of the step in progress (not yet closed)."""
+        return self.meta
+
     def install(self) -> None:
         register_params(self, self.param_tensors)
         root = self.map.root
-        self.hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_root_inputs), with_kwargs=True))
-        self.hooks.add(root.register_forward_hook(ModuleHook(self._on_root_exit), always_call=True))
+        self.hooks.add(root.register_forward_pre_hook(ModuleHook(raised_at_entry, self._on_root_inputs), with_kwargs=True))
+        self.hooks.add(root.register_forward_hook(ModuleHook(raised_at_entry, self._on_root_exit), always_call=True))
         self.entry.install(root)
         # Process-wide, held weakly: sees `model.head = nn.Linear(...)` when it happens.
         self.hooks.add(nn.modules.module.register_module_module_registration_hook(
@@ -235,6 +247,7 @@ class Collector:
             # Weakly: an optimizer the user keeps must not keep the collector (and the model).
             self.hooks.add(opt.register_step_pre_hook(WeakHook(self._on_pre_step)))
             self.hooks.add(opt.register_step_post_hook(WeakHook(self._on_post_step)))
+        leave_hooks_out_of_copies(self.hooks)
         self.hooks.subscribe(patch_for(torch.autograd, "backward"), BackwardListener(self))
         zeroing = ZeroGradListener(self)
         self.hooks.subscribe(patch_for(nn.Module, "zero_grad"), zeroing)
@@ -325,6 +338,18 @@ class Collector:
             self.rows.drain()
 
     # ------------------------------------------------------------------ for probes
+    def publish(self, fact: Fact) -> None:
+        self.meta.publish(fact)
+
+    def mark_in_row(self, kind: type[Fact]) -> None:
+        self.meta.in_row.add(kind)
+
+    def provide(self, kind: type[Fact], decode: Callable[[StepRecord], Optional[Fact]]) -> None:
+        self.facts.provide(kind, decode)
+
+    def threshold(self, key: str, default: float) -> float:
+        return float(self._thresholds.get(key, default))
+
     def host_value(self, i: int) -> float:
         hv = self.ledger.host_view
         return float(hv[i]) if hv is not None else read_now(self.ledger.views[i])
@@ -421,6 +446,9 @@ class Collector:
         if not compiling:
             self.flush_pending()  # an earlier forward that raised before its end
             self.drain_landed()
+            # Before this step's backward, not only before its update: a library that put back
+            # what it saved (our backward wrapper gone) would otherwise cost the step its loss.
+            self.hooks.ensure_patches()
             # What a rerun needs if the outputs go bad (references for this forward only).
             self._root_call = None if self.watch.everything else (args, kwargs, self.forward_rng())
         self.meta.forward_calls += 1
@@ -496,14 +524,19 @@ class Collector:
             return None
         self._forward_since_backward = True
         subs = self._out_subs[slot]
+        # The model's outputs (or, for a container whose children the loop calls itself,
+        # theirs): a backward that passes through them belongs to the model.
+        marking = slot == 0 or not self._in_root
+        marked = False
         for t in (output,) if type(output) is torch.Tensor else iter_tensors(output):
             if not reducible(t):
                 self._unwatched.output(t, self.module_names[slot], module)
                 continue
-            # The model's outputs (or, for a container whose children the loop calls itself,
-            # theirs): a backward that passes through them belongs to the model.
-            if (slot == 0 or not self._in_root) and t.requires_grad and (compiling or not self.scope.mark_outputs(t, slot)):
-                self._unmarked = True
+            if marking and t.requires_grad:
+                if compiling or not self.scope.mark_outputs(t, slot):
+                    self._unmarked = True
+                else:
+                    marked = True
             if compiling:
                 self.traced = True  # runs once, while tracing: host checks are off from now on
                 self._emit(subs, slot, module, args, t, True)
@@ -519,6 +552,11 @@ class Collector:
             if t.requires_grad and (self.outgrad.watch[slot] or self.meta.outgrad_complete):
                 self._watch_gradient(t, slot)
             self._emit(subs, slot, module, args, t, False)
+        if marking and not marked:
+            # Nothing to mark (outputs in an object iter_tensors cannot look into): a backward
+            # after this forward is the model's, counted before it runs, not after as a graph
+            # cut (its own fresh gradients would then read as stale ones).
+            self._unmarked = True
         if not compiling and slot not in self._forward_seq:
             self._forward_seq[slot] = len(self._forward_seq)
             if slot == 0:  # the root completes last: the first forward's order is known
@@ -640,7 +678,7 @@ class Collector:
         """Number the next step ``step`` (a resumed run continues its numbering); before any
         step was recorded."""
         self.step = step
-        self.meta = StepMeta(step=step, outgrad_complete=self.outgrad.watch_all_due(step))
+        self.meta = StepMeta(step=step, row=self.meta.row, outgrad_complete=self.outgrad.watch_all_due(step))
         self._sync_watch()
 
     def observe_loss(self, loss: torch.Tensor) -> None:
@@ -698,7 +736,7 @@ class Collector:
         self.rows.push(meta)
         closed = self.step
         self.step = self.numbering.following(self.step)
-        self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
+        self.meta = StepMeta(step=self.step, row=meta.row + 1, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
         self._root_call = None
         self._in_root = False
@@ -724,15 +762,15 @@ class Collector:
         Called when a fault raised mid-step: the step never reached ``optimizer.step()``, and a
         loop that catches the error and skips the batch must start the step again from clean
         slots (a NaN left in a slot would be charged to the next, healthy batch). The record
-        holds what the aborted step saw up to the fault (``meta.extra["partial"]``); its
+        holds what the aborted step saw up to the fault (``meta.partial``); its
         gradient norms were never taken, so every parameter is listed as missing.
         """
         meta = self.meta
-        meta.extra["partial"] = True
+        meta.partial = True
         meta.grad_missing = tuple(n for n, _ in self.params)
         self.drop_pending()
         record = self.rows.take(meta)
-        self.meta = StepMeta(step=self.step, outgrad_complete=self.outgrad.watch_all_due(self.step))
+        self.meta = StepMeta(step=self.step, row=meta.row, outgrad_complete=self.outgrad.watch_all_due(self.step))
         self._last_output = None
         self._root_call = None
         self._written = set()

@@ -12,24 +12,36 @@ known from the batch; sampling is decided at run time, so nothing recompiles).
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import ClassVar, Optional
 
 import torch
 
+from .._record import Fact, StepMeta, StepRecord
 from .cadence import sampled
 from .graph_taps import MaskTap
 from .probe import Probe, ProbeHost
-from .records import StepMeta
 from .transfer import AsyncFetch
 
-__all__ = ["InputStats"]
+__all__ = ["InputMoments", "InputStats"]
 
 #: Feature masks are only kept for tabular inputs this wide or narrower (bounded memory).
 _MAX_FEATURES = 1 << 16
 
 
+@dataclasses.dataclass(frozen=True)
+class InputMoments(Fact):
+    """On a sampled step: the mean and standard deviation of the model's main input."""
+
+    mean: float
+    std: float
+
+
 class InputStats(Probe):
     name = "input_stats"
+    publishes = (InputMoments,)
+    #: Set up at attach; the constant-feature mask and its step count are the window.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"first", "every", "tap", "_slots"})
 
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first
@@ -45,6 +57,7 @@ class InputStats(Probe):
         block = host.ledger.add_block("input_stats", ["mean", "std"])
         self._slots = (block.start, block.start + 1)
         self.tap = MaskTap(self._from_graph, host.device)
+        host.provide(InputMoments, _moments)
 
     def close(self) -> None:
         if self.tap is not None:
@@ -69,7 +82,7 @@ class InputStats(Probe):
                     lo, hi = torch.aminmax(x, dim=0)
                     self.tap.emit(0, hi > lo)
                 return
-            c.meta.extra["input_stats"] = True
+            c.mark_in_row(InputMoments)
             if tabular:
                 lo, hi = torch.aminmax(x, dim=0)
                 self._fold(hi > lo)
@@ -91,7 +104,7 @@ class InputStats(Probe):
 
     def on_row_close(self, meta: StepMeta) -> None:
         if self.host.traced:
-            meta.extra["input_stats"] = True
+            meta.in_row.add(InputMoments)
 
     def snapshot(self, min_steps: int) -> Optional[tuple[int, AsyncFetch]]:
         """A non-blocking copy of the constant-feature mask once ``min_steps`` sampled steps
@@ -99,3 +112,9 @@ class InputStats(Probe):
         if self.varied is None or self.mask_steps < min_steps:
             return None
         return self.mask_steps, AsyncFetch([self.varied.clone()])
+
+
+def _moments(record: StepRecord) -> Optional[InputMoments]:
+    if InputMoments not in record.meta.in_row or not record.has("input_stats"):
+        return None
+    return InputMoments(record.value("input_stats", "mean"), record.value("input_stats", "std"))

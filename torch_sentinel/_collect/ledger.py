@@ -7,28 +7,12 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .._record.layout import SlotRange
+
 __all__ = ["FLOAT_MAX", "Ledger", "SlotRange"]
 
 #: Minimum slots start here and maximum slots at -FLOAT_MAX, so an untouched pair stays finite.
 FLOAT_MAX = float(torch.finfo(torch.float32).max)
-
-
-class SlotRange:
-    """A named, contiguous block of slots (e.g. one per parameter)."""
-
-    __slots__ = ("keys", "name", "start", "stop")
-
-    def __init__(self, name: str, start: int, keys: list[str]) -> None:
-        self.name = name
-        self.start = start
-        self.stop = start + len(keys)
-        self.keys = keys
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def index(self, key: str) -> int:
-        return self.start + self.keys.index(key)
 
 
 class Ledger:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
+from .._errors import SentinelError, without_our_frames
 from .patches import RAISED
 
 if TYPE_CHECKING:
@@ -97,4 +98,9 @@ class WeakHook:
 
     def __call__(self, *args: Any) -> Any:
         method = self._method()
-        return method(*args) if method is not None else None
+        if method is None:
+            return None
+        try:
+            return method(*args)
+        except SentinelError as err:  # an optimizer step: where the user's call entered
+            raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened

@@ -32,10 +32,13 @@ Lifecycle of a probe, in order:
    ``on_row_closed``            after the row was queued and landed rows handed on
    ==========================  ===========================================================
 
-4. At flush (host side), the detector reads the probe's blocks from each
-   :class:`~torch_sentinel._collect.records.StepRecord` (``rec.mapping(name)``,
-   ``rec.value(name, key)``) and host facts the probe put in ``host.meta.extra``; larger
-   device state (masks over a window) is fetched with ``transfer.AsyncFetch``.
+4. What the probe learned reaches readers as typed facts (``_record/fact.py``), declared in
+   :attr:`Probe.publishes` and defined next to the probe: host facts are published during
+   the step (``host.publish(fact)``), device facts are decoded from the landed row by a
+   decoder the probe registers in ``setup`` (``host.provide(FactType, decode)``). Detectors
+   and sinks read them with ``record.fact(FactType)``; nothing reads a probe's attributes.
+   Larger device state (masks over a window) is fetched with ``transfer.AsyncFetch`` and
+   published as a fact on the step where it landed.
 5. :meth:`Probe.close` at ``detach()``: drop device references.
 
 Rules: never ``.item()``/``bool()``/``float()`` a tensor in an ``on_*`` method; write with
@@ -46,17 +49,19 @@ probe is a sentinel bug: it is logged once and the probe is switched off; traini
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional, Protocol
 
 import torch
 from torch import nn
 
+from .._record import Fact, FactSources
+
 if TYPE_CHECKING:
-    from .faults import Fault
+    from .._record import StepMeta, StepRecord
+    from .._record.fault import Fault
     from .hookset import HookSet
     from .ledger import Ledger
     from .model_map import ModelMap
-    from .records import StepMeta
 
 __all__ = ["EVENTS", "Probe", "ProbeHost", "overrides"]
 
@@ -89,8 +94,10 @@ class ProbeHost(Protocol):
     device: torch.device
     #: Removable hooks and patch subscriptions; everything added here is undone at detach.
     hooks: HookSet
-    #: Host facts of the step in progress (``meta.extra`` is free for probes' plain values).
+    #: Host facts of the step in progress.
     meta: StepMeta
+    #: The decoders of this sentinel's device facts (``provide`` registers one).
+    facts: FactSources
     #: The 0-based index of the step in progress.
     step: int
     #: Whether probes check their own slots on the spot (CPU) instead of at flush.
@@ -99,7 +106,7 @@ class ProbeHost(Protocol):
     traced: bool
     #: Optimizers (by id) that already stepped in the row in progress.
     stepped_optimizers: set[int]
-    #: Called with a :class:`~torch_sentinel._collect.faults.Fault` found in immediate mode.
+    #: Called with a :class:`~torch_sentinel._record.fault.Fault` found in immediate mode.
     on_fault: Callable[[Fault], None]
     #: Inside :meth:`rerun_forward`.
     rerunning: bool
@@ -116,6 +123,31 @@ class ProbeHost(Protocol):
 
     def forward_order(self) -> list[int]:
         """Module slots in the order they first completed a forward pass."""
+        ...
+
+    def publish(self, fact: Fact) -> None:
+        """Attach a host fact to the step in progress (one per type: a later one replaces it)."""
+        ...
+
+    def mark_in_row(self, kind: type[Fact]) -> None:
+        """Note that this step's row holds values of the device fact ``kind``."""
+        ...
+
+    def provide(self, kind: type[Fact], decode: Callable[[StepRecord], Optional[Fact]]) -> None:
+        """Make ``kind`` readable from every landed record, decoded from the row by ``decode``."""
+        ...
+
+    def add_probe(self, probe: Probe) -> None:
+        """Set ``probe`` up and schedule the events it implements (once)."""
+        ...
+
+    def has_probe(self, kind: type[Probe]) -> bool:
+        """Whether a probe of class ``kind`` is set up already."""
+        ...
+
+    def threshold(self, key: str, default: float) -> float:
+        """The ``attach(thresholds=...)`` value of ``key`` (``"<kind>.<name>"``), else ``default``:
+        for a probe that serves one detector's kind and is tuned by its thresholds."""
         ...
 
     def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False, probe: str = "") -> None:
@@ -162,10 +194,28 @@ class ProbeHost(Protocol):
 
 
 class Probe:
-    """Base class: every event is a no-op until overridden. Subclass and override what you need."""
+    """Base class: every event is a no-op until overridden. Subclass and override what you need.
+
+    A probe that :attr:`publishes` facts is set up by the sentinel whenever a detector or sink
+    reads one of them (once, shared by every reader), so it must be constructible without
+    arguments.
+    """
 
     #: Shown in the one warning logged if this probe raises.
     name: str = ""
+    #: The fact types this probe publishes (its readers find it through them).
+    publishes: ClassVar[tuple[type[Fact], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for fact in cls.__dict__.get("publishes", ()):
+            if fact.producer is not None and fact.producer is not cls:
+                raise TypeError(f"{fact.__name__} is already published by {fact.producer.__name__}")
+            fact.producer = cls
+
+    #: Attributes that belong to the live run (set up at attach): never in a checkpoint. A
+    #: detector saves the rest of a probe it holds (see ``detectors/state.py``).
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"host"})
 
     def setup(self, host: ProbeHost) -> None:
         """Reserve ledger blocks and subscribe patches. Called once at attach, before any event."""

@@ -2,19 +2,19 @@
 
 A closed row is copied into the :class:`~torch_sentinel._collect.transfer.HostRing` without
 waiting (``push``); rows whose copy has completed are handed on as
-:class:`~torch_sentinel._collect.records.StepRecord` (``drain``). The row can grow after the ring
+:class:`~torch_sentinel._record.StepRecord` (``drain``). The row can grow after the ring
 was sized (a detector's block added at attach, a module first called late, float64 slots): the
 older, narrower rows are handed over first, then the ring is widened.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
+from .._record import FactSources, StepMeta, StepRecord
 from .ledger import Ledger
-from .records import StepMeta, StepRecord
 from .transfer import HostRing
 
 __all__ = ["RowQueue"]
@@ -31,8 +31,9 @@ class RowQueue:
     """
 
     def __init__(self, ledger: Ledger, device: torch.device, on_record: Callable[[StepRecord], None],
-                 rows: int) -> None:
+                 rows: int, sources: Optional[FactSources] = None) -> None:
         self._ledger = ledger
+        self._sources = sources
         self._device = device
         self.on_record = on_record
         self.ring = HostRing(device, ledger.current.numel(), rows=rows, dtype=ledger.dtype)
@@ -51,7 +52,7 @@ class RowQueue:
     def take(self, meta: StepMeta) -> StepRecord:
         """The ledger's row now, as a record (a blocking copy: cold path), then reset the ledger."""
         values = self._ledger.current.detach().to("cpu", copy=True).numpy()  # float32 or float64
-        record = StepRecord(meta, values, self._ledger.blocks)
+        record = StepRecord(meta, values, self._ledger.blocks, self._sources)
         self._ledger.reset()
         return record
 
@@ -61,7 +62,7 @@ class RowQueue:
         if outgrown:
             block = True  # the row grew; older rows are narrower but still valid
         for meta, values in self.ring.drain(block=block):
-            self.on_record(StepRecord(meta, values, self._ledger.blocks))
+            self.on_record(StepRecord(meta, values, self._ledger.blocks, self._sources))
         if outgrown and self.ring.pending() == 0:
             ledger = self._ledger
             self.ring = HostRing(self._device, ledger.current.numel(), rows=self.ring.rows, dtype=ledger.dtype)

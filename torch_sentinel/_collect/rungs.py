@@ -23,10 +23,11 @@ from typing import Optional
 
 import numpy as np
 
+from .._findings import BOUNDARIES
+from .._record import StepMeta, StepRecord
 from .ledger import SlotRange
-from .records import StepMeta
 
-__all__ = ["LADDER", "Rung", "RungSpec", "first_bad", "groups", "slot_is_bad"]
+__all__ = ["LADDER", "Rung", "RungSpec", "first_bad", "groups", "nonfinite_counts", "slot_is_bad"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,3 +178,19 @@ def slot_levels(blocks: Mapping[str, SlotRange], forward_order: Sequence[int], w
             if s < width and levels[s] > level:
                 levels[s] = float(level)
     return rungs, levels, posinf_ok, neginf_ok
+
+
+def nonfinite_counts(record: StepRecord) -> dict[str, int]:
+    """How many slots of each boundary's blocks are non-finite in a landed row (the
+    ``nonfinite/<boundary>`` scalars). Whole blocks are counted, whatever a rung judges."""
+    boundaries = [b for b in BOUNDARIES if any(spec.boundary == b for spec in LADDER)]
+    counts: dict[str, int] = dict.fromkeys(boundaries, 0)
+    if np.isfinite(record.values).all():
+        return counts  # the usual row: one pass
+    for spec in LADDER:
+        if spec.keys is not None:
+            continue  # a shared block (misc): only some of its keys are this rung's
+        for name in spec.blocks:
+            if name in record.blocks:
+                counts[spec.boundary] += int((~np.isfinite(record.array(name))).sum())
+    return counts

@@ -14,26 +14,40 @@ torch.compile the reduction is traced into the graph instead, one output at a ti
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
+from .._record import Fact, StepMeta, StepRecord
 from .batch import fraction
 from .cadence import sampled
 from .probe import Probe, ProbeHost
-from .records import StepMeta
 
-__all__ = ["SaturationWatch"]
+__all__ = ["SaturatedFractions", "SaturationWatch"]
 
 _SIGMOID_EDGE = 0.5 - 1.0 / (1.0 + math.exp(5.0))  # |sigmoid(x) - 0.5| beyond this: |x| > 5
 _TANH_EDGE = math.tanh(5.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class SaturatedFractions(Fact):
+    """On a sampled step: the fraction of each sigmoid / tanh module's outputs that are
+    saturated (pre-activation beyond +-5)."""
+
+    modules: Sequence[str]
+    values: np.ndarray
+
+
 class SaturationWatch(Probe):
     name = "saturation"
+    publishes = (SaturatedFractions,)
+    #: All set up at attach: the samples are kept by the detector.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"first", "every", "sites", "_slot", "_found"})
 
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first
@@ -50,6 +64,7 @@ class SaturationWatch(Probe):
         self.sites = [n for n, _ in found]
         self._found = [m for _, m in found]
         block = host.ledger.add_block("saturation", self.sites)
+        host.provide(SaturatedFractions, _saturated)
         for i, (_, m) in enumerate(found):
             self._slot[id(m)] = block.start + i
 
@@ -69,8 +84,14 @@ class SaturationWatch(Probe):
                 c.ledger.views[self._slot[id(module)]].copy_(fraction(t.detach(), shift, edge))
             return
         c.fraction_later(t, self._slot[id(module)], shift, edge)
-        c.meta.extra["saturation"] = True
+        c.mark_in_row(SaturatedFractions)
 
     def on_row_close(self, meta: StepMeta) -> None:
         if self.host.traced and self.sites:
-            meta.extra["saturation"] = True
+            meta.in_row.add(SaturatedFractions)
+
+
+def _saturated(record: StepRecord) -> Optional[SaturatedFractions]:
+    if SaturatedFractions not in record.meta.in_row or not record.has("saturation"):
+        return None
+    return SaturatedFractions(record.keys("saturation"), record.array("saturation").astype(np.float64))

@@ -36,6 +36,7 @@ from typing import Callable
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .._errors import raised_at_entry
 from .compat import forward_hooks, hook_handles_made
 from .hookset import ModuleHook
 from .probe import Probe
@@ -135,7 +136,7 @@ class ModuleWatch:
                 if not check_order or _runs_last(module, handle):
                     continue
                 handle.remove()  # a hook registered after ours (see module doc): be last again
-            handles[slot] = module.register_forward_hook(ModuleHook(self._on_output, slot))
+            handles[slot] = module.register_forward_hook(ModuleHook(raised_at_entry, self._on_output, slot))
         self._handles_made = hook_handles_made()
 
     def _due_probes(self) -> list[Probe]:

@@ -17,7 +17,7 @@ from torch import nn
 import torch_sentinel
 
 from ..diagnosis import Report
-from ..diagnosis.ladder import HEALTHY_NEXT_CHECK, NEXT_CHECKS
+from ..diagnosis.ladder import HEALTHY_NEXT_CHECK, kind_info
 
 __all__ = ["CASES", "Case"]
 
@@ -186,7 +186,9 @@ def _nonfinite(log_dir: str) -> Report:
 
 
 def _expected(kind: str) -> str:
-    return NEXT_CHECKS[kind]
+    info = kind_info(kind)
+    assert info is not None, kind
+    return info.next_check
 
 
 CASES: tuple[Case, ...] = (

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 
-from .._collect.records import StepRecord
+from .._record import StepRecord
 
 __all__ = ["SmoothedLoss", "ValidationCurve"]
 
@@ -33,31 +32,25 @@ class SmoothedLoss:
         self.start: Optional[float] = None
         self.low: Optional[float] = None
 
-    def add(self, records: Sequence[StepRecord]) -> list[tuple[int, float]]:
-        """Feed records; returns the (step, smoothed loss) points that became available."""
-        return [(step, now) for step, now, _, _ in self.add_points(records)]
-
-    def add_points(self, records: Sequence[StepRecord]) -> list[tuple[int, float, float, float]]:
-        """Feed records; returns (step, smoothed loss, start, low) for each new point, with the
-        start and low as they stood *at that point*: a verdict on a point never sees the future."""
-        points = []
-        for rec in records:
-            if rec.meta.amp_skipped:
-                continue
-            loss = rec.loss
-            if loss is None or not math.isfinite(loss):
-                continue
-            self._recent.append(loss)
-            self.count += 1
-            self.step = rec.step
-            if len(self._recent) < SMOOTH:
-                continue
-            now = float(np.median(self._recent))
-            self.now = now
-            self.start = now if self.start is None else self.start
-            self.low = now if self.low is None else min(self.low, now)
-            points.append((rec.step, now, self.start, self.low))
-        return points
+    def add(self, rec: StepRecord) -> Optional[tuple[int, float, float, float]]:
+        """Feed one record; returns (step, smoothed loss, start, low) when a new point became
+        available, with the start and low as they stood *at that point*: a verdict on a point
+        never sees the future."""
+        if rec.meta.amp_skipped:
+            return None
+        loss = rec.loss
+        if loss is None or not math.isfinite(loss):
+            return None
+        self._recent.append(loss)
+        self.count += 1
+        self.step = rec.step
+        if len(self._recent) < SMOOTH:
+            return None
+        now = float(np.median(self._recent))
+        self.now = now
+        self.start = now if self.start is None else self.start
+        self.low = now if self.low is None else min(self.low, now)
+        return rec.step, now, self.start, self.low
 
 
 class ValidationCurve:
@@ -71,21 +64,20 @@ class ValidationCurve:
         self._sum = 0.0
         self._count = 0
 
-    def add(self, records: Sequence[StepRecord]) -> None:
-        for rec in records:
-            if rec.meta.amp_skipped:
-                continue
-            loss = rec.loss
-            if loss is not None and math.isfinite(loss):
-                self._sum += loss
-                self._count += 1
-            v = rec.validation
-            if v is not None and math.isfinite(v):
-                self.steps.append(rec.step)
-                self.val.append(v)
-                self.train_sum.append(self._sum)
-                self.train_count.append(self._count)
-                self._sum, self._count = 0.0, 0
+    def add(self, rec: StepRecord) -> None:
+        if rec.meta.amp_skipped:
+            return
+        loss = rec.loss
+        if loss is not None and math.isfinite(loss):
+            self._sum += loss
+            self._count += 1
+        v = rec.validation
+        if v is not None and math.isfinite(v):
+            self.steps.append(rec.step)
+            self.val.append(v)
+            self.train_sum.append(self._sum)
+            self.train_count.append(self._count)
+            self._sum, self._count = 0.0, 0
 
     def train_mean(self, lo: int, hi: int) -> Optional[float]:
         """Mean training loss over the stretches ending at validation points lo..hi (inclusive)."""

@@ -19,57 +19,72 @@ Thresholds:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from typing import Optional
 
 import numpy as np
 
 from .._collect.probe import Probe
-from .._collect.records import StepRecord
 from .._collect.relu import ReluSite, ReluWatch
 from .._collect.transfer import AsyncFetch
 from .._findings import Finding
-from ._common import threshold
-from .base import Detector, RunContext
+from .._record import StepRecord
+from .base import Detector, Threshold
 
 __all__ = ["DeadReluDetector"]
 
 
 class DeadReluDetector(Detector):
-    kind = "dead_relu"
-    boundary = "forward"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"fraction": 0.7, "min_steps": 20, "every": 4}
+    """Owns the probe that keeps, on the device, a per-unit "fired in some batch" mask per
+    ReLU site, and fetches it once a window of sampled steps is complete."""
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.fraction = threshold(self, "fraction")
-        self.min_steps = int(threshold(self, "min_steps"))
-        self.watch = ReluWatch(every=int(threshold(self, "every")))
+    kind = "dead_relu"
+    rung = "forward"
+    next_check = "inspect_initialization_and_learning_rate"
+    hypothesis = "units stopped firing (too high a learning rate, or a bad bias/initialisation)"
+    thresholds = {
+        "fraction": Threshold(0.7, "AUTOTRAINER's dying-ReLU bar (70% zero gradients) and DeepDiagnosis's "
+                                   "dead-node bar (70% of outputs <= 0); per unit over a whole window here"),
+        "min_steps": Threshold(20, "sampled steps: a unit that fires on 1 batch in 20 is alive"),
+        "every": Threshold(4, "past step 100, one step in 4 is sampled (the mask reads every ReLU output)"),
+    }
+    #: A device copy in flight.
+    live_attributes = frozenset({"_pending"})
+
+    def __init__(self) -> None:
+        self.watch = ReluWatch()
+
+    def setup(self) -> None:
+        self.fraction = self.threshold("fraction")
+        self.min_steps = int(self.threshold("min_steps"))
+        self.watch.every = max(1, int(self.threshold("every")))
         self._pending: Optional[tuple[list[ReluSite], list[int], AsyncFetch, int]] = None
         self._last_step = 0
+        self._first_step: Optional[int] = None
         self._latest: dict[str, float] = {}
         self._said_blind = False
 
     def probes(self) -> Sequence[Probe]:
         return (self.watch,)
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if records:
-            self._last_step = records[-1].step
-        found = self._blind_under_compile(records)
-        found += self._consume(block=False)
+    def update(self, record: StepRecord) -> None:
+        if self._first_step is None:
+            self._first_step = record.step
+        self._last_step = record.step
+
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        found = self._blind_under_compile()
+        found += self._consume(block=final)
         if self._pending is None:
             snap = self.watch.snapshot(self.min_steps)
             if snap is not None:
                 self._pending = (*snap, self._last_step)
-                found += self._consume(block=False)  # on CPU the copy has already landed
+                found += self._consume(block=final)  # on CPU the copy has already landed
         return found
 
-    def _blind_under_compile(self, records: Sequence[StepRecord]) -> list[Finding]:
+    def _blind_under_compile(self) -> list[Finding]:
         """Under torch.compile ``nn.ReLU`` modules are watched (reduced in the graph, folded
         outside it); functional ReLU calls inside compiled code are not: say which, once."""
-        host = self.watch.host
-        if self._said_blind or host is None or not host.traced or not records:
+        if self._said_blind or self._first_step is None or not self.watch.traced():
             return []
         self._said_blind = True
         lines = self.watch.unwatched_under_compile()
@@ -82,19 +97,11 @@ class DeadReluDetector(Detector):
             "call cannot be attributed to a module. nn.ReLU modules are watched"
             f"{' (' + ', '.join(watched[:8]) + ')' if watched else ' (the model has none)'}; "
             "to check the functional ones, use nn.ReLU modules or run a few steps without torch.compile",
-            step=records[0].step, severity="info",
+            step=self._first_step, severity="info",
             evidence={"not_watched": "dead_relu", "reason": "torch.compile",
                       "functional_relu_calls": lines[:8], "relu_modules": watched[:8]},
             next_check="run_a_few_steps_eagerly",
         )]
-
-    def finish(self) -> Iterable[Finding]:
-        found = self._consume(block=True)
-        snap = self.watch.snapshot(self.min_steps)
-        if snap is not None:
-            self._pending = (*snap, self._last_step)
-            found += self._consume(block=True)
-        return found
 
     def statistics(self) -> dict[str, float]:
         return dict(self._latest)
@@ -133,6 +140,5 @@ class DeadReluDetector(Detector):
                     "first_dead_units": dead_units[:8].tolist(), "threshold": self.fraction,
                     "call_site": site.where if functional else None,
                 },
-                next_check="inspect_initialization_and_learning_rate",
             ))
         return found

@@ -18,14 +18,12 @@ Two shapes of divergence, both on 5-step running medians held for 3 consecutive 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from typing import Optional
 
-from .._collect.records import StepRecord
 from .._findings import Finding
-from ._common import threshold
+from .._record import StepRecord
 from ._curve import SMOOTH, SmoothedLoss
-from .base import Detector, RunContext
+from .base import Detector, Threshold
 
 __all__ = ["DivergingDetector"]
 
@@ -34,13 +32,14 @@ _HOLD = 3
 
 class DivergingDetector(Detector):
     kind = "diverging"
-    boundary = "curves"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"factor": 2.0}
+    rung = "curves"
+    next_check = "lower_learning_rate"
+    hypothesis = "the optimization is unstable"
+    thresholds = {"factor": Threshold(2.0, "a doubling of the smoothed loss over its low: no healthy "
+                                            "curve doubles on 5-step medians held 3 points")}
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.factor = threshold(self, "factor")
+    def setup(self) -> None:
+        self.factor = self.threshold("factor")
         self.loss = SmoothedLoss()
         self._run = 0
         self._run_onset: Optional[int] = None
@@ -50,17 +49,17 @@ class DivergingDetector(Detector):
         self._after_min = math.inf
         self._after_count = 0
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+    def update(self, record: StepRecord) -> None:
         if self._reported or self.ctx.adversarial():
-            return []  # an adversarial loss (a GAN's) oscillates by design (core scoping)
-        for rec in records:
-            self._track_first(rec)
-            for step, now, start, low in self.loss.add_points([rec]):
-                found = self._judge(step, now, start, low)
-                if found:
-                    self._reported = True
-                    return found
-        return []
+            return  # an adversarial loss (a GAN's) oscillates by design (core scoping)
+        self._track_first(record)
+        point = self.loss.add(record)
+        if point is None:
+            return
+        found = self._judge(*point)
+        if found is not None:
+            self._reported = True
+            self.flag(found)
 
     def _track_first(self, rec: StepRecord) -> None:
         loss = rec.loss
@@ -72,25 +71,24 @@ class DivergingDetector(Detector):
             self._after_min = min(self._after_min, loss)
             self._after_count += 1
 
-    def _judge(self, step: int, now: float, start: float, low: float) -> list[Finding]:
+    def _judge(self, step: int, now: float, start: float, low: float) -> Optional[Finding]:
         bad = low > 0 and now >= self.factor * low and now > start
         if bad and self._run == 0:
             self._run_onset = step
         self._run = self._run + 1 if bad else 0
         if self._run >= _HOLD:
-            return [self.finding(
+            return self.finding(
                 f"the training loss climbed to {now:.4g} (5-step median at step {step}) from "
                 f"a low of {low:.4g} and a start of {start:.4g}",
                 step=step, onset_step=self._run_onset, severity="error",
                 evidence={"start_loss": start, "lowest_loss": low, "loss_at_detection": now,
                           "factor": now / low, "steps_observed": self.loss.count},
-                next_check="lower_learning_rate",
-            )]
+            )
         first = self._first
         if first is None or first[1] <= 0 or self._after_count < SMOOTH + _HOLD - 1:
-            return []
+            return None
         if self._after_min >= self.factor * first[1]:
-            return [self.finding(
+            return self.finding(
                 f"the training loss jumped after the first update and never came back: step "
                 f"{first[0]} (before any update) had {first[1]:.4g}, every loss of the "
                 f"{self._after_count} steps since was at least {self._after_min:.4g} "
@@ -99,6 +97,5 @@ class DivergingDetector(Detector):
                 evidence={"first_loss": first[1], "first_step": first[0],
                           "lowest_loss_since": self._after_min, "loss_at_detection": now,
                           "factor": self._after_min / first[1], "steps_observed": self.loss.count},
-                next_check="lower_learning_rate",
-            )]
-        return []
+            )
+        return None

@@ -30,8 +30,9 @@ Both need ``*.min_steps`` = 5 steps and at least 3 layers (a ratio over 2 layers
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import ClassVar, Optional
 
 import numpy as np
@@ -40,89 +41,56 @@ import torch
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.depth import layer_depths
 from .._collect.probe import Probe, ProbeHost
-from .._collect.probes.clip import preclip_grad_norms
-from .._collect.records import StepRecord
+from .._collect.probes.norms import GradNorms
+from .._collect.probes.outgrad import OutputGradients
 from .._findings import Finding
-from ._common import threshold, trained_rows
-from .base import Detector, RunContext
+from .._record import Fact, StepRecord
+from ._common import trained
+from ._layers import LayerPlan, is_layer_weight, layers
+from .base import Detector, Threshold
 
-__all__ = ["ExplodingGradientDetector", "VanishingGradientDetector", "layer_norms"]
-
-_WEIGHTED = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-             "ConvTranspose3d", "Bilinear", "RNN", "LSTM", "GRU", "RNNCell", "LSTMCell", "GRUCell",
-             "NonDynamicallyQuantizableLinear", "LazyLinear", "LazyConv2d")
+__all__ = ["ExplodingGradientDetector", "LayerDepths", "VanishingGradientDetector"]
 
 
-def _layers_unordered(ctx: RunContext) -> list[tuple[str, list[str]]]:
-    """(layer, its weight parameters), in parameter order."""
-    by_owner: dict[str, list[str]] = {}
-    for p in ctx.param_names:
-        owner = ctx.owner(p)
-        leaf = p.rpartition(".")[2]
-        if owner is not None and ctx.module_types.get(owner, "") in _WEIGHTED and leaf.startswith("weight"):
-            by_owner.setdefault(owner, []).append(p)
-    return list(by_owner.items())
+@dataclasses.dataclass(frozen=True)
+class LayerDepths(Fact):
+    """Each layer's depth from the loss in the autograd graph (walked once, at the first
+    backward): published on that step."""
+
+    depths: dict[str, int]
 
 
-def _layers(ctx: RunContext) -> list[tuple[str, list[str]]]:
-    """(layer, its weight parameters) in forward order."""
-    by_owner = dict(_layers_unordered(ctx))
-    order = [ctx.module_names[s] for s in ctx.forward_order()]
-    return [(m, by_owner[m]) for m in order if m in by_owner]
+class DepthWalk(Probe):
+    """Walks the loss's graph once, on the host, for the depth of each layer's weights."""
 
+    name = "layer_depths"
+    publishes = (LayerDepths,)
 
-class _LayerPlan:
-    """Where each layer's weight-gradient slots and output-gradient slot sit in a record: index
-    arrays built once per parameter layout, so a step's per-layer figures are a few numpy ops
-    instead of a Python loop over every parameter."""
+    def __init__(self) -> None:
+        self._host: Optional[ProbeHost] = None
+        self._done = False
 
-    def __init__(self, keys: list[str], layers: list[tuple[str, list[str]]], module_names: Sequence[str]) -> None:
-        self.keys = keys
-        self.layers = layers
-        self._index = {k: i for i, k in enumerate(keys)}
-        self.param_idx = np.array([self._index[p] for _, params in layers for p in params], dtype=np.int64)
-        self.layer_of = np.array([i for i, (_, params) in enumerate(layers) for _ in params], dtype=np.int64)
-        first = {n: i for i, n in reversed(list(enumerate(module_names)))}
-        self.slots = np.array([first.get(layer, -1) for layer, _ in layers], dtype=np.int64)
+    def setup(self, host: ProbeHost) -> None:
+        self._host = host
 
-    def fits(self, keys: list[str]) -> bool:
-        return self.keys is keys or self.keys == keys
-
-    def norms(self, rec: StepRecord, grads: np.ndarray) -> list[tuple[str, float]]:
-        """Per-layer weight-gradient norms (sqrt of the sum of squares, summed in parameter
-        order), skipping layers whose present gradients are all absent or zero."""
-        vals = grads[self.param_idx]
-        owners = self.layer_of
-        absent = set(rec.meta.grad_missing) | set(rec.meta.frozen)
-        if absent:
-            gone = np.zeros(len(self.keys), dtype=bool)
-            gone[[self._index[n] for n in absent if n in self._index]] = True
-            keep = ~gone[self.param_idx]
-            vals, owners = vals[keep], owners[keep]
-        n = len(self.layers)
-        sq = np.bincount(owners, weights=vals * vals, minlength=n)
-        positive = np.bincount(owners[vals > 0], minlength=n) > 0
-        return [(self.layers[i][0], math.sqrt(sq[i])) for i in np.flatnonzero(positive).tolist()]
-
-    def output_amplitudes(self, rec: StepRecord) -> tuple[np.ndarray, np.ndarray]:
-        """(layer indices touched this step, in order; their largest |output gradient|)."""
-        lo = rec.array("outgrad.min")[self.slots].astype(np.float64)
-        hi = rec.array("outgrad.max")[self.slots].astype(np.float64)
-        touched = np.flatnonzero(hi >= lo)
-        return touched, np.maximum(np.abs(lo[touched]), np.abs(hi[touched]))
-
-
-def layer_norms(rec: StepRecord, layers: list[tuple[str, list[str]]]) -> list[tuple[str, float]]:
-    """Per-layer weight-gradient norms of one step, skipping layers without gradients."""
-    return _LayerPlan(rec.keys("grad_norm"), layers, []).norms(rec, preclip_grad_norms(rec)) if layers else []
-
+    def on_backward(self, loss: torch.Tensor) -> None:
+        c = self._host
+        if self._done or c is None or _is_compiling():
+            return
+        self._done = True
+        types = {name: type(m).__name__ for name, m in c.map.modules}
+        owners = c.map.param_owner
+        weights = {id(p): owners[n] for n, p in c.params
+                   if is_layer_weight(n, types.get(owners.get(n, ""), ""))}
+        if weights:
+            c.publish(LayerDepths(layer_depths(loss, weights)))  # a host walk, no device op
 
 class _GradientScale(Detector):
-    boundary = "gradients"
+    rung = "gradients"
+    reads: ClassVar[tuple[type[Fact], ...]] = (GradNorms, OutputGradients)
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.min_steps = int(threshold(self, "min_steps"))
+    def setup(self) -> None:
+        self.min_steps = int(self.threshold("min_steps"))
         self._layers: Optional[list[tuple[str, list[str]]]] = None
         # Bounded: the medians look at the last 20 steps; growth compares with the first steps.
         window = max(self.min_steps, 20)
@@ -135,43 +103,40 @@ class _GradientScale(Detector):
         self._total_count = 0
         self._reported = False
         #: Index arrays over the record layout; rebuilt from the run, never checkpointed.
-        self._plan_cache: Optional[_LayerPlan] = None
+        self._plan_cache: Optional[LayerPlan] = None
 
-    def _plan(self, rec: StepRecord) -> _LayerPlan:
-        keys = rec.keys("grad_norm")
+    def _plan(self, grads: GradNorms) -> LayerPlan:
         plan = self._plan_cache
-        if plan is None or not plan.fits(keys):
-            plan = self._plan_cache = _LayerPlan(keys, self._layers or [], self.ctx.module_names)
+        if plan is None or not plan.fits(grads.names):
+            plan = self._plan_cache = LayerPlan(grads.names, self._layers or [], self.ctx.module_names)
         return plan
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if self._reported:
-            return []  # one verdict a run: what later steps show changes nothing
-        rows = trained_rows(records)
-        if rows and self._layers is None:
-            self._layers = _layers(self.ctx)
-        for rec in rows:
-            if rec.meta.amp:
-                continue  # scaled gradients: the scaler owns their magnitude
-            plan = self._plan(rec)
-            grads = preclip_grad_norms(rec)
-            norms = plan.norms(rec, grads) if self._layers else []
-            total = float(np.sqrt((grads**2).sum()))  # what clipping saw
-            if math.isfinite(total):
-                self._total_count += 1
-                if len(self._first_totals) < self.min_steps:
-                    self._first_totals.append((rec.step, total))
-                self._totals.append((rec.step, total))
-            if len(norms) >= 3 and all(math.isfinite(v) for _, v in norms):
-                (fl, f), (ll, last) = self._ends(norms)
-                ratio = f / last if last > 0 else math.inf
-                self._ratios.append((rec.step, ratio, f, last, fl, ll))
-            signal = self._output_signal(rec, plan)
-            if signal is not None:
-                self._signal.append(signal)
-        return self.verdict()
+    def update(self, record: StepRecord) -> None:
+        # One verdict a run: what later steps show changes nothing. Scaled gradients (AMP):
+        # the scaler owns their magnitude.
+        grads = record.fact(GradNorms)
+        if self._reported or not trained(record) or record.meta.amp or grads is None:
+            return
+        if self._layers is None:
+            self._layers = layers(self.ctx)
+        plan = self._plan(grads)
+        norms = plan.norms(grads) if self._layers else []
+        total = grads.total  # what clipping saw
+        if math.isfinite(total):
+            self._total_count += 1
+            if len(self._first_totals) < self.min_steps:
+                self._first_totals.append((record.step, total))
+            self._totals.append((record.step, total))
+        if len(norms) >= 3 and all(math.isfinite(v) for _, v in norms):
+            (fl, f), (ll, last) = self._ends(norms)
+            ratio = f / last if last > 0 else math.inf
+            self._ratios.append((record.step, ratio, f, last, fl, ll))
+        outgrads = record.fact(OutputGradients)
+        signal = self._output_signal(outgrads, plan) if outgrads is not None else None
+        if signal is not None:
+            self._signal.append((record.step, *signal))
 
-    def finish(self) -> Iterable[Finding]:
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
         return [] if self._reported else self.verdict()
 
     def verdict(self) -> list[Finding]:
@@ -181,17 +146,17 @@ class _GradientScale(Detector):
         """The (layer, norm) at the input end and at the loss end."""
         return norms[0], norms[-1]
 
-    def _output_signal(self, rec: StepRecord, plan: _LayerPlan) -> Optional[tuple[int, float, float, float, str, str]]:
-        """(step, first/last ratio, first, last, names) of the max |gradient| into layer outputs."""
-        if not rec.meta.outgrad_complete or not self._layers or len(self._layers) < 3:
+    def _output_signal(self, outgrads: OutputGradients, plan: LayerPlan) -> Optional[tuple[float, float, float, str, str]]:
+        """(first/last ratio, first, last, names) of the max |gradient| into layer outputs."""
+        if not outgrads.complete or not self._layers or len(self._layers) < 3:
             return None  # compare layers only on steps where every output gradient was reduced
-        touched, amps = plan.output_amplitudes(rec)
+        touched, amps = plan.output_amplitudes(outgrads)
         if len(amps) < 3 or not np.isfinite(amps).all() or amps[-1] <= 0:
             return None
         f, last = float(amps[0]), float(amps[-1])
         fl, ll = self._layers[int(touched[0])][0], self._layers[int(touched[-1])][0]
         self._signal_hops = len(amps) - 1
-        return (rec.step, f / last, f, last, fl, ll)
+        return (f / last, f, last, fl, ll)
 
     def _median(self, series: Optional[collections.deque[tuple[int, float, float, float, str, str]]] = None,
                 ) -> Optional[tuple[float, float, float, str, str, list[int]]]:
@@ -203,23 +168,26 @@ class _GradientScale(Detector):
                 recent[-1][4], recent[-1][5], [x[0] for x in recent])
 
 
-class VanishingGradientDetector(_GradientScale, Probe):
+class VanishingGradientDetector(_GradientScale):
     kind = "vanishing_gradient"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5, "ratio": 1e-3, "first_norm": 1e-4}
+    next_check = "inspect_initialization_and_activations"
+    hypothesis = "gradients shrink through depth (saturation, poor initialisation)"
+    reads = (GradNorms, OutputGradients, LayerDepths)
+    thresholds = {
+        "min_steps": Threshold(5, "steps, median: one step never decides"),
+        "ratio": Threshold(1e-3, "AUTOTRAINER: first/last layer gradient-norm ratio below 1e-3"),
+        "first_norm": Threshold(1e-4, "AUTOTRAINER: and the first layer's norm below 1e-4"),
+    }
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self._weights: dict[int, str] = {}
+    def setup(self) -> None:
+        super().setup()
         self._depths: Optional[dict[str, int]] = None
 
-    def setup(self, host: ProbeHost) -> None:
-        names = {n for layer, params in _layers_unordered(self.ctx) for n in params}
-        self._weights = {id(p): self.ctx.owner(n) or "" for n, p in host.params if n in names}
-
-    def on_backward(self, loss: torch.Tensor) -> None:
-        if self._depths is None and self._weights and not _is_compiling():
-            self._depths = layer_depths(loss, self._weights)  # once: a host walk, no device op
+    def update(self, record: StepRecord) -> None:
+        walked = record.fact(LayerDepths)
+        if walked is not None and self._depths is None:
+            self._depths = walked.depths
+        super().update(record)
 
     def _ends(self, norms: list[tuple[str, float]]) -> tuple[tuple[str, float], tuple[str, float]]:
         depths = self._depths
@@ -236,8 +204,8 @@ class VanishingGradientDetector(_GradientScale, Probe):
         if m is None:
             return []
         ratio, first, last, fl, ll, steps = m
-        lim_ratio = threshold(self, "ratio")
-        lim_first = threshold(self, "first_norm")
+        lim_ratio = self.threshold("ratio")
+        lim_first = self.threshold("first_norm")
         if not (ratio < lim_ratio and first < lim_first):
             return []
         self._reported = True
@@ -247,20 +215,25 @@ class VanishingGradientDetector(_GradientScale, Probe):
             module=fl, step=steps[-1], severity="warning",
             evidence={"first_layer": fl, "last_layer": ll, "first_norm": first, "last_norm": last,
                       "ratio": ratio, "steps": steps[:16], "ratio_threshold": lim_ratio},
-            next_check="inspect_initialization_and_activations",
         )]
 
 
 class ExplodingGradientDetector(_GradientScale):
     kind = "exploding_gradient"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5, "ratio": 70.0, "per_layer": 1.15,
-                                              "growth": 1e3}
+    next_check = "lower_learning_rate_or_clip_gradients"
+    hypothesis = "gradients grow through depth or time"
+    thresholds = {
+        "min_steps": Threshold(5, "steps, median: one step never decides"),
+        "ratio": Threshold(70.0, "AUTOTRAINER: first/last layer ratio above 70"),
+        "per_layer": Threshold(1.15, "a steep growth per layer: a 100-layer tanh stack at PyTorch's gain grows "
+                                     "1.10x per layer and trains; a bad init grows 2.4x"),
+        "growth": Threshold(1e3, "the total gradient norm 1000x its median over the first steps"),
+    }
 
     def verdict(self) -> list[Finding]:
-        lim_ratio = threshold(self, "ratio")
-        lim_per_layer = threshold(self, "per_layer")
-        growth = threshold(self, "growth")
+        lim_ratio = self.threshold("ratio")
+        lim_per_layer = self.threshold("per_layer")
+        growth = self.threshold("growth")
         m = self._median(self._signal)
         hops = max(self._signal_hops, 1)
         # ratio ** (1 / hops), not per_layer ** hops: that overflows a float past ~5,000 layers.
@@ -278,7 +251,6 @@ class ExplodingGradientDetector(_GradientScale):
                           "last_norm": last, "ratio": ratio, "per_layer_growth": per_layer,
                           "layers": hops + 1, "steps": steps[:16],
                           "ratio_threshold": lim_ratio, "per_layer_threshold": lim_per_layer},
-                next_check="lower_learning_rate_or_clip_gradients",
             )]
         if self._total_count >= 2 * self.min_steps:
             base = float(np.median([t for _, t in self._first_totals]))
@@ -292,6 +264,5 @@ class ExplodingGradientDetector(_GradientScale):
                     module=None, step=recent[-1][0], severity="warning",
                     evidence={"initial_norm": base, "recent_norm": now, "growth": now / base,
                               "steps": [s for s, _ in recent], "growth_threshold": growth},
-                    next_check="lower_learning_rate_or_clip_gradients",
                 )]
         return []

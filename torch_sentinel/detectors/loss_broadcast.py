@@ -8,13 +8,12 @@ and fires on the first training call.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Optional
 
-from .._collect.loss_inputs import LossInputs
-from .._collect.probe import Probe
-from .._collect.records import StepRecord
+from .._collect.loss_inputs import LossBroadcasts
 from .._findings import Finding
+from .._record import StepRecord
 from .base import Detector
 
 __all__ = ["LossBroadcastDetector"]
@@ -22,23 +21,23 @@ __all__ = ["LossBroadcastDetector"]
 
 class LossBroadcastDetector(Detector):
     kind = "loss_broadcast"
-    boundary = "shapes"
+    rung = "shapes"
+    next_check = "reshape_target_or_output_to_match"
+    hypothesis = "the loss silently broadcasts mismatched shapes"
+    reads = (LossBroadcasts,)
 
-    _inputs: Optional[LossInputs] = None
-    _seen = 0
+    def update(self, record: StepRecord) -> None:
+        self._report(record.fact(LossBroadcasts))
 
-    def probes(self) -> Sequence[Probe]:
-        self._inputs = LossInputs.shared(self.ctx.extras)
-        return (self._inputs,)
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        if final:  # a loop that never stepped: the calls of the step in progress
+            seen = self.ctx.in_progress().facts.get(LossBroadcasts)
+            self._report(seen if isinstance(seen, LossBroadcasts) else None)
+        return ()
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if self._inputs is None:
-            return ()
-        events = self._inputs.broadcasts[self._seen :]
-        self._seen = len(self._inputs.broadcasts)
-        found = []
-        for ev in events:
-            found.append(self.finding(
+    def _report(self, seen: Optional[LossBroadcasts]) -> None:
+        for ev in seen.events if seen is not None else ():
+            self.flag(self.finding(
                 f"{ev.function} got input of shape {ev.input_shape} and target of shape "
                 f"{ev.target_shape}; they broadcast to {ev.broadcast_shape}, so every "
                 "prediction is compared with targets of other samples",
@@ -46,9 +45,4 @@ class LossBroadcastDetector(Detector):
                 evidence={"loss_function": ev.function, "input_shape": list(ev.input_shape),
                           "target_shape": list(ev.target_shape),
                           "broadcast_shape": list(ev.broadcast_shape)},
-                next_check="reshape_target_or_output_to_match",
             ))
-        return found
-
-    def finish(self) -> Iterable[Finding]:
-        return self.observe(())

@@ -23,21 +23,20 @@ import collections
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from .._collect.ledger import FLOAT_MAX
 from .._collect.probe import Probe
-from .._collect.probes.clip import preclip_grad_norms
-from .._collect.probes.spikes import SPIKE_ATTN, SPIKE_INPUT, SPIKE_OUT, SpikeProbe
-from .._collect.records import StepRecord
+from .._collect.probes.data import InputRange
+from .._collect.probes.norms import GradNorms
+from .._collect.probes.spikes import SpikeForward, SpikeProbe
 from .._collect.spike_ring import RING_STATS, RingLayout
 from .._findings import Finding
-from ._common import threshold
+from .._record import StepRecord
 from ._spike_forensics import SpikeVerdict, SpikeWindow, attribute, per_unit
 from ._spike_watch import LossSpike, RobustLossWatch
-from .base import Detector, RunContext
+from .base import Detector, Threshold
 
 __all__ = ["RING_STEPS", "LossSpikeDetector"]
 
@@ -69,24 +68,30 @@ class _Step:
     inputs: tuple[float, float]
 
 
-def _slot(value: float) -> float:
-    """A row slot as a number: the untouched initial values (+-float32 max) are nan."""
-    return math.nan if abs(value) >= FLOAT_MAX or not math.isfinite(value) else float(value)
-
-
 class LossSpikeDetector(Detector):
     kind = "loss_spike"
-    boundary = "curves"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"z": 6.0, "window": 128, "warmup": 64}
+    rung = "curves"
+    next_check = "inspect_the_first_mover"
+    hypothesis = "one module left its recent behaviour before the loss jumped; the evidence names how"
+    reads = (GradNorms, SpikeForward, InputRange)
+    thresholds = {
+        "z": Threshold(6.0, "OLMo-core skips a step at 6 sigma above the mean of the last 128 losses; "
+                            "here 6 robust deviations (1.4826 MAD) above their median"),
+        "window": Threshold(128, "OLMo-core's rolling window of losses"),
+        "warmup": Threshold(64, "OLMo-core judges once half its window (64 losses) is held"),
+    }
+    #: The probe and its ring are the live run's (attach() rebuilds them).
+    live_attributes = frozenset({"probe"})
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.watch = RobustLossWatch(threshold(self, "z"), int(threshold(self, "window")), int(threshold(self, "warmup")))
+    def __init__(self) -> None:
         self.probe = SpikeProbe(RING_STEPS)
+
+    def setup(self) -> None:
+        self.watch = RobustLossWatch(self.threshold("z"), int(self.threshold("window")), int(self.threshold("warmup")))
         self.spikes = 0
         self._history: collections.deque[_Step] = collections.deque(maxlen=2 * RING_STEPS)
-        self._columns_cache: Optional[tuple[list[str], np.ndarray, dict[str, int]]] = None
+        self._pending: list[LossSpike] = []
+        self._columns_cache: Optional[tuple[Sequence[str], np.ndarray, dict[str, int]]] = None
 
     def probes(self) -> Sequence[Probe]:
         return (self.probe,)
@@ -94,21 +99,22 @@ class LossSpikeDetector(Detector):
     def statistics(self) -> dict[str, float]:
         return {"spikes": float(self.spikes), "z": self.watch.last_z}
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+    def update(self, record: StepRecord) -> None:
         if self.ctx.adversarial():
-            return []  # an adversarial loss (a GAN's) oscillates by design (core scoping)
-        pending: list[LossSpike] = []
-        for rec in records:
-            loss = rec.loss
-            if rec.meta.amp_skipped or loss is None or rec.meta.backward_calls == 0:
-                continue
-            self._keep(rec, loss)
-            spike = self.watch.add(rec.step, loss)
-            if spike is not None:
-                pending.append(spike)
+            return  # an adversarial loss (a GAN's) oscillates by design (core scoping)
+        loss = record.loss
+        if record.meta.amp_skipped or loss is None or record.meta.backward_calls == 0:
+            return
+        self._keep(record, loss)
+        spike = self.watch.add(record.step, loss)
+        if spike is not None:
+            self._pending.append(spike)
+            self.spikes += 1
+
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        pending, self._pending = self._pending, []
         if not pending:
             return []
-        self.spikes += len(pending)
         ring = self.probe.ring.read() if self.probe.ring is not None else None  # cold path, once
         return [self._finding(spike, self._verdict(spike, ring)) for spike in pending]
 
@@ -116,30 +122,29 @@ class LossSpikeDetector(Detector):
     def _keep(self, rec: StepRecord, loss: float) -> None:
         grads = self._grads_in_ring_order(rec)
         lrs = {n: (lr if lr is not None else math.nan) for n, lr in zip(rec.meta.lr_names, rec.meta.lrs)}
-        attention = rec.array(SPIKE_ATTN).astype(np.float64) if rec.has(SPIKE_ATTN) else np.zeros(0)
-        attention = np.where(np.abs(attention) >= FLOAT_MAX, np.nan, attention)
-        lse = _slot(rec.value(SPIKE_OUT, "lse")) if rec.has(SPIKE_OUT) else math.nan
-        inputs = (math.nan, math.nan)
-        if rec.has(SPIKE_INPUT):
-            inputs = (math.nan, _slot(rec.value(SPIKE_INPUT, "ids_max")))
-        if math.isnan(inputs[1]) and rec.has("data.min"):
-            inputs = (_slot(rec.value("data.min", "inputs")), _slot(rec.value("data.max", "inputs")))
+        fwd = rec.fact(SpikeForward)
+        attention = fwd.attention if fwd is not None else np.zeros(0)
+        lse = fwd.output_lse if fwd is not None else math.nan
+        inputs = (math.nan, fwd.ids_max if fwd is not None else math.nan)
+        if math.isnan(inputs[1]):
+            data = rec.fact(InputRange)
+            if data is not None:
+                inputs = (float(data.inputs[0]), float(data.inputs[1]))
         self._history.append(_Step(rec.step, loss, grads, lrs, attention, lse, inputs))
 
     def _grads_in_ring_order(self, rec: StepRecord) -> np.ndarray:
         layout = self.probe.layout
-        if layout is None or not rec.has("grad_norm"):
+        norms = rec.fact(GradNorms)
+        if layout is None or norms is None:
             return np.zeros(0)
-        keys = rec.keys("grad_norm")
         cached = self._columns_cache
-        if cached is None or cached[0] is not keys:
-            pos = {k: i for i, k in enumerate(keys)}
+        if cached is None or (cached[0] is not norms.names and list(cached[0]) != list(norms.names)):
+            pos = {k: i for i, k in enumerate(norms.names)}
             index = np.array([pos.get(p, -1) for p in layout.params], dtype=np.int64)
-            cached = self._columns_cache = (keys, index, {p: i for i, p in enumerate(layout.params)})
+            cached = self._columns_cache = (norms.names, index, {p: i for i, p in enumerate(layout.params)})
         _, index, column = cached
-        norms = preclip_grad_norms(rec)
-        out = np.where(index >= 0, norms[np.maximum(index, 0)], np.nan)
-        missing = [column[n] for n in rec.meta.grad_missing if n in column]
+        out = np.where(index >= 0, norms.values[np.maximum(index, 0)], np.nan)
+        missing = [column[n] for n in norms.missing if n in column]
         out[missing] = np.nan
         return out
 

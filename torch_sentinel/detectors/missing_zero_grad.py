@@ -21,25 +21,36 @@ gradients (of the same optimizer).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from typing import Optional
 
+import numpy as np
 import torch
 
 from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepRecord
+from .._collect.probes.norms import GradNorms, StaleGradients
 from .._collect.tensors import foreach_norms
 from .._findings import Finding
-from ._common import common_module, threshold, trained_rows
-from .base import Detector, RunContext
+from .._record import Fact, StepRecord
+from ._common import common_module, trained
+from .base import Detector, Threshold
 
-__all__ = ["MissingZeroGradDetector", "StalePerOptimizer"]
+__all__ = ["MissingZeroGradDetector", "StaleByOptimizer", "StalePerOptimizer"]
 
 #: The ledger block: one slot per optimizer, its stale-gradient minimum at its step.
 BLOCK = "stale_by_optimizer"
 #: Slot value of an optimizer that did not step in the row (or had no earlier step).
 NOT_STEPPED = -1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleByOptimizer(Fact):
+    """With several optimizers: per optimizer, the smallest norm its gradients had at any
+    backward since its previous step (0: they were cleared; ``NOT_STEPPED``: it did not step
+    in this row, or had no earlier step)."""
+
+    values: np.ndarray
 
 
 class StalePerOptimizer(Probe):
@@ -50,6 +61,7 @@ class StalePerOptimizer(Probe):
     """
 
     name = "stale_by_optimizer"
+    publishes = (StaleByOptimizer,)
 
     def __init__(self) -> None:
         self.active = False
@@ -74,6 +86,7 @@ class StalePerOptimizer(Probe):
         self._cleared = [False] * n
         self._stepped = [False] * n
         self._start = host.ledger.add_block(BLOCK, [str(i) for i in range(n)], NOT_STEPPED).start
+        host.provide(StaleByOptimizer, _stale_by_optimizer)
 
     def on_backward(self, loss: torch.Tensor) -> None:
         if not self.active:
@@ -102,6 +115,7 @@ class StalePerOptimizer(Probe):
             return
         slot = self.host.ledger.views[self._start + i]
         m = self._min[i]
+        self.host.mark_in_row(StaleByOptimizer)
         if self._cleared[i] or not self._measured[i] or m is None:
             slot.zero_()  # cleared, or no backward since its last step (an LBFGS closure's run inside step())
         else:
@@ -121,80 +135,89 @@ class StalePerOptimizer(Probe):
         self.active = False
 
 
+def _stale_by_optimizer(record: StepRecord) -> Optional[StaleByOptimizer]:
+    if StaleByOptimizer not in record.meta.in_row or BLOCK not in record.blocks:
+        return None
+    return StaleByOptimizer(record.array(BLOCK).astype(np.float64))
+
+
 class MissingZeroGradDetector(Detector):
-    """Reads ``misc.stale_grad_norm`` (``NormsProbe``) with one optimizer or none, and the
-    ``stale_by_optimizer`` block (:class:`StalePerOptimizer`) with several."""
+    """Reads the stale-gradient norm of each step's first backward with one optimizer or none,
+    and the per-optimizer minimum (:class:`StalePerOptimizer`) with several."""
 
     kind = "missing_zero_grad"
-    boundary = "gradients"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"min_steps": 3}
+    rung = "gradients"
+    next_check = "clear_gradients_every_step"
+    hypothesis = "gradients accumulate across steps because they are never cleared"
+    reads = (StaleGradients, StaleByOptimizer, GradNorms)
+    thresholds = {"min_steps": Threshold(3, "consecutive steps carrying non-zero stale gradients: one or "
+                                            "two could be a deliberate accumulation across steps")}
+    #: Derived from the run at setup.
+    live_attributes = frozenset({"_enabled", "_per_optimizer"})
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.min_steps = int(threshold(self, "min_steps"))
+    def setup(self) -> None:
+        self.min_steps = int(self.threshold("min_steps"))
         self._run: list[tuple[int, float, float]] = []
         self._runs: dict[int, list[tuple[int, float]]] = {}
         self._reported = False
-        self._probe = _Setup(self)
-        self._per_optimizer = StalePerOptimizer()
+        # Trainable parameters outside the optimizer are never cleared by its zero_grad(); their
+        # leftover gradients are unregistered_parameter's evidence, not a missing zero_grad().
+        # Without an optimizer each backward() is a step: a hand-written loop must clear the
+        # gradients itself (model.zero_grad()), so the check applies there too.
+        self._enabled = self.ctx.trainable <= self.ctx.optimizer_params
+        self._per_optimizer = len(self.ctx.optimizer_groups) > 1
 
-    def probes(self) -> Sequence[Probe]:
-        return (self._probe, self._per_optimizer)
+    def update(self, record: StepRecord) -> None:
+        if not self._enabled or self._reported or not trained(record):
+            return
+        if self._per_optimizer:
+            self._update_per_optimizer(record)
+            return
+        stale = record.fact(StaleGradients)
+        if record.step > 0 and stale is not None and stale.norm > 0 and math.isfinite(stale.norm):
+            grads = record.fact(GradNorms)
+            total = float(np.sqrt((grads.at_step**2).sum())) if grads is not None else math.nan
+            self._run.append((record.step, stale.norm, total))
+        elif record.step > 0:
+            self._run = []
+        if len(self._run) >= self.min_steps:
+            self._reported = True
+            steps = [r[0] for r in self._run]
+            self.flag(self.finding(
+                f"gradients from the previous step were still present at the first backward of "
+                f"{len(self._run)} consecutive steps (stale norm {self._run[-1][1]:.4g}): "
+                "zero_grad() is not called, so each step applies the sum of all past gradients",
+                module=None, step=steps[-1], onset_step=steps[0], severity="error",
+                evidence={"steps": steps, "stale_grad_norm": [r[1] for r in self._run],
+                          "grad_norm_at_step": [r[2] for r in self._run]},
+            ))
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if not self._probe.enabled or self._reported:
-            return []
-        if self._per_optimizer.active:
-            return self._observe_per_optimizer(records)
-        for rec in trained_rows(records):
-            if rec.step == 0:
-                continue
-            stale = rec.value("misc", "stale_grad_norm")
-            if rec.meta.stale_grads and stale > 0 and math.isfinite(stale):
-                grads = rec.array("grad_norm")
-                total = float(math.sqrt(float((grads.astype("float64") ** 2).sum())))
-                self._run.append((rec.step, stale, total))
+    def _update_per_optimizer(self, record: StepRecord) -> None:
+        stale = record.fact(StaleByOptimizer)
+        if stale is None:
+            return
+        for i, value in enumerate(stale.values.tolist()):
+            if value < 0:
+                continue  # this optimizer did not step in this row
+            run = self._runs.setdefault(i, [])
+            if value > 0 and math.isfinite(value):
+                run.append((record.step, value))
             else:
-                self._run = []
-            if len(self._run) >= self.min_steps:
+                run.clear()
+            if len(run) >= self.min_steps:
                 self._reported = True
-                steps = [r[0] for r in self._run]
-                return [self.finding(
-                    f"gradients from the previous step were still present at the first backward of "
-                    f"{len(self._run)} consecutive steps (stale norm {self._run[-1][1]:.4g}): "
-                    "zero_grad() is not called, so each step applies the sum of all past gradients",
-                    module=None, step=steps[-1], onset_step=steps[0], severity="error",
-                    evidence={"steps": steps, "stale_grad_norm": [r[1] for r in self._run],
-                              "grad_norm_at_step": [r[2] for r in self._run]},
-                    next_check="clear_gradients_every_step",
-                )]
-        return []
-
-    def _observe_per_optimizer(self, records: Sequence[StepRecord]) -> list[Finding]:
-        for rec in trained_rows(records):
-            if BLOCK not in rec.blocks:
-                return []
-            for i, value in enumerate(rec.array(BLOCK).tolist()):
-                if value < 0:
-                    continue  # this optimizer did not step in this row
-                run = self._runs.setdefault(i, [])
-                if value > 0 and math.isfinite(value):
-                    run.append((rec.step, value))
-                else:
-                    run.clear()
-                if len(run) >= self.min_steps:
-                    self._reported = True
-                    return [self._per_optimizer_finding(i, run)]
-        return []
+                self.flag(self._per_optimizer_finding(i, run))
+                return
 
     def _per_optimizer_finding(self, i: int, run: list[tuple[int, float]]) -> Finding:
-        names = self._probe.optimizer_names[i] if i < len(self._probe.optimizer_names) else []
+        groups = self.ctx.optimizer_groups
+        names = groups[i] if i < len(groups) else []
+        kind = self.ctx.optimizer_types[i] if i < len(self.ctx.optimizer_types) else "optimizer"
         owner = common_module(self.ctx.owner(n) for n in names) if names else ""
         where = f"'{owner}'" if owner else "the model"
         steps = [s for s, _ in run]
         return self.finding(
-            f"optimizer {i} ({self._probe.optimizer_types[i]} over {len(names)} parameter(s) of {where}) "
+            f"optimizer {i} ({kind} over {len(names)} parameter(s) of {where}) "
             f"stepped {len(run)} times in a row with gradients never cleared since its previous step "
             f"(stale norm {run[-1][1]:.4g}); each of its steps applies the sum of all its past gradients: "
             f"expected a zero_grad() for {where} between its steps (e.g. {owner or 'model'}.zero_grad() or "
@@ -202,28 +225,4 @@ class MissingZeroGradDetector(Detector):
             module=owner or None, step=steps[-1], onset_step=steps[0], severity="error",
             evidence={"optimizer": i, "steps": steps, "stale_grad_norm": [v for _, v in run],
                       "parameters": names[:8]},
-            next_check="clear_gradients_every_step",
         )
-
-
-class _Setup(Probe):
-    """Host facts at attach: whether the check applies, and what each optimizer holds."""
-
-    name = "missing_zero_grad"
-
-    def __init__(self, detector: MissingZeroGradDetector) -> None:
-        self.ctx = detector.ctx
-        self.enabled = True
-        self.optimizer_names: list[list[str]] = []
-        self.optimizer_types: list[str] = []
-
-    def setup(self, host: ProbeHost) -> None:
-        # Trainable parameters outside the optimizer are never cleared by its zero_grad(); their
-        # leftover gradients are unregistered_parameter's evidence, not a missing zero_grad().
-        # Without an optimizer each backward() is a step: a hand-written loop must clear the
-        # gradients itself (model.zero_grad()), so the check applies there too.
-        self.enabled = not any(p.requires_grad and n not in self.ctx.optimizer_params for n, p in host.params)
-        names = {id(p): n for n, p in host.params}
-        self.optimizer_names = [[names[id(p)] for g in o.param_groups for p in g["params"] if id(p) in names]
-                                for o in host.optimizers]
-        self.optimizer_types = [type(o).__name__ for o in host.optimizers]

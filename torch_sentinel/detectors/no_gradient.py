@@ -8,7 +8,7 @@ where no parameter got a gradient at all (that is ``no_update``'s "cleared befor
 
 A graph cut by rebuilding a tensor (``torch.tensor(out.tolist(), requires_grad=True)``, a numpy
 round trip, ``.detach().requires_grad_()``) leaves a new leaf that requires grad between the
-model and the loss; ``unregistered_parameter``'s graph walk finds it (``GRAPH_CUT``), and when
+model and the loss; the walk of the loss's graph finds it (``_collect/graph_walk.py``), and when
 the loss reaches no parameter at all this detector reports the cut itself, even though no
 parameter got a gradient at all.
 
@@ -19,28 +19,33 @@ parameter: one step could be a branch skipped by chance, five in a row is a wiri
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Optional
+from typing import Any, Optional
 
 import numpy as np
+import torch
 
-from .._collect.records import StepRecord
+from .._collect.graph_walk import LossGraph
+from .._collect.probes.norms import GradNorms
 from .._findings import Finding
-from ._common import common_module, threshold, trained_rows
-from .base import Detector, RunContext
-from .unregistered_parameter import GRAPH_CUT
+from .._record import StepRecord
+from ._common import GraphCut, common_module, trained
+from .base import Detector, Threshold
 
 __all__ = ["NoGradientDetector"]
 
 
 class NoGradientDetector(Detector):
     kind = "no_gradient"
-    boundary = "gradients"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"min_steps": 5}
+    rung = "gradients"
+    next_check = "inspect_graph_connectivity"
+    hypothesis = "the graph is cut (detach, numpy round trip) or a branch is unused"
+    reads = (GradNorms, LossGraph)
+    thresholds = {"min_steps": Threshold(5, "steps with a backward: one could be a branch skipped by chance, "
+                                            "five in a row is a wiring fault")}
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.min_steps = int(threshold(self, "min_steps"))
+    def setup(self) -> None:
+        self.min_steps = int(self.threshold("min_steps"))
+        self.cut = GraphCut()
         self._steps = 0
         self._first_step: dict[str, int] = {}
         self._ever: set[str] = set()
@@ -51,56 +56,55 @@ class NoGradientDetector(Detector):
         #: Derived from the run (never checkpointed): the watched names, and their slots in a
         #: record layout.
         self._watched_cache: Optional[list[str]] = None
-        self._index_cache: Optional[tuple[list[str], np.ndarray, dict[str, int]]] = None
+        self._index_cache: Optional[tuple[Sequence[str], np.ndarray, dict[str, int]]] = None
         self._settled_cache: Optional[np.ndarray] = None
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+    def update(self, record: StepRecord) -> None:
+        self.cut.add(record)
+        grads = record.fact(GradNorms)
+        if grads is None or not trained(record):
+            return
         watched = self._watched()
-        complete = self._ever.issuperset(watched)  # sets only grow: then nothing to add
-        for rec in trained_rows(records):
-            keys = rec.keys("grad_norm")
-            if self._index_cache is None or self._index_cache[0] is not keys:
-                index = {k: i for i, k in enumerate(keys)}
-                self._index_cache = (keys, np.array([index[n] for n in watched], dtype=np.int64), index)
-            _, slots, index = self._index_cache
-            # Per parameter: a gradient (present, nonzero), frozen (never a wiring fault), or
-            # none. Frozen and missing parameters are few: the rest is one comparison.
-            got = rec.array("grad_norm")[slots] != 0
-            frozen = [index[n] for n in rec.meta.frozen if n in index]
-            missing = [index[n] for n in rec.meta.grad_missing if n in index]
-            if frozen or missing:
-                gone = np.zeros(len(keys), dtype=bool)
-                gone[frozen + missing] = True
-                got &= ~gone[slots]
-            got_any = bool(got.any())
-            if not complete:
-                self._ever.update(watched[i] for i in np.flatnonzero(got).tolist())
-            if frozen:
-                frozen_names = set(rec.meta.frozen)
-                self._ever.update(n for n in watched if n in frozen_names)
-            else:
-                frozen_names = set()
-            if not complete:
-                complete = self._ever.issuperset(watched)
-            idle = np.flatnonzero(~got)
-            if not (frozen or missing):
-                # Exactly-zero gradients only (a vanishing run has many, every step): the
-                # parameters already recorded with their first step and as zero change nothing.
-                settled = self._settled()
-                idle = idle[~settled[idle]]
-                settled[idle] = True
-            missing_names = set(rec.meta.grad_missing)
-            for i in idle.tolist():
-                n = watched[i]
-                if n in frozen_names:
-                    continue
-                self._first_step.setdefault(n, rec.step)
-                if n not in missing_names:
-                    self._zero.add(n)
-            if got_any:
-                self._steps += 1
-            elif watched and len(self._cut_steps) < 16:
-                self._cut_steps.append(rec.step)
+        keys = grads.names
+        if self._index_cache is None or self._index_cache[0] is not keys:
+            index = {k: i for i, k in enumerate(keys)}
+            self._index_cache = (keys, np.array([index[n] for n in watched], dtype=np.int64), index)
+        _, slots, index = self._index_cache
+        # Per parameter: a gradient (present, nonzero), frozen (never a wiring fault), or
+        # none. Frozen and missing parameters are few: the rest is one comparison.
+        got = grads.at_step[slots] != 0
+        frozen = [index[n] for n in grads.frozen if n in index]
+        missing = [index[n] for n in grads.missing if n in index]
+        if frozen or missing:
+            gone = np.zeros(len(keys), dtype=bool)
+            gone[frozen + missing] = True
+            got &= ~gone[slots]
+        got_any = bool(got.any())
+        if not self._ever.issuperset(watched):  # sets only grow: once complete, nothing to add
+            self._ever.update(watched[i] for i in np.flatnonzero(got).tolist())
+        frozen_names = set(grads.frozen) if frozen else set()
+        self._ever.update(n for n in watched if n in frozen_names)
+        idle = np.flatnonzero(~got)
+        if not (frozen or missing):
+            # Exactly-zero gradients only (a vanishing run has many, every step): the
+            # parameters already recorded with their first step and as zero change nothing.
+            settled = self._settled()
+            idle = idle[~settled[idle]]
+            settled[idle] = True
+        missing_names = set(grads.missing)
+        for i in idle.tolist():
+            n = watched[i]
+            if n in frozen_names:
+                continue
+            self._first_step.setdefault(n, record.step)
+            if n not in missing_names:
+                self._zero.add(n)
+        if got_any:
+            self._steps += 1
+        elif watched and len(self._cut_steps) < 16:
+            self._cut_steps.append(record.step)
+
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
         return self._cut_verdict() or self._verdict()
 
     def _settled(self) -> np.ndarray:
@@ -112,8 +116,8 @@ class NoGradientDetector(Detector):
             )
         return self._settled_cache
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_state_dict(self, state: dict[str, Any], device: Optional[torch.device] = None) -> None:
+        super().load_state_dict(state, device)
         self._settled_cache = None  # rebuilt from the restored sets
 
     def _watched(self) -> list[str]:
@@ -125,13 +129,10 @@ class NoGradientDetector(Detector):
 
     def _cut_verdict(self) -> list[Finding]:
         """The loss's graph starts at a new leaf, not at the model: the graph was cut."""
-        cut = self.ctx.extras.get(GRAPH_CUT)
-        if self._reported or not cut or not cut["leaves"] or cut["reached_params"]:
-            return []
-        if len(self._cut_steps) < min(self.min_steps, 3):
+        if self._reported or not self.cut.cut_off or len(self._cut_steps) < min(self.min_steps, 3):
             return []
         self._reported = True
-        shape, first = cut["leaves"][0]
+        shape, first = self.cut.leaves[0]
         return [self.finding(
             f"a new leaf tensor of shape {tuple(shape)} that requires grad sits between the model "
             "and the loss: the graph was cut here (torch.tensor(out.tolist(), requires_grad=True), "
@@ -144,7 +145,6 @@ class NoGradientDetector(Detector):
                       "steps_without_gradient": self._cut_steps[:16],
                       "parameters_watched": len([n for n in self.ctx.param_names
                                                  if n in self.ctx.optimizer_params])},
-            next_check="inspect_graph_connectivity",
         )]
 
     def _verdict(self) -> list[Finding]:
@@ -167,9 +167,8 @@ class NoGradientDetector(Detector):
         else:
             why = ("the graph is cut before them (detach, numpy/.item() round trip) or their "
                    "branch is unused")
-        cut = self.ctx.extras.get(GRAPH_CUT)
-        if cut and cut["leaves"]:
-            why += (f"; a new leaf tensor of shape {tuple(cut['leaves'][0][0])} that requires grad "
+        if self.cut.leaves:
+            why += (f"; a new leaf tensor of shape {tuple(self.cut.leaves[0][0])} that requires grad "
                     "is in the loss's graph: the graph was cut there")
         return [self.finding(
             f"{len(never)} trainable parameter(s) under {module or '<model>'} never received a "
@@ -178,8 +177,4 @@ class NoGradientDetector(Detector):
             onset_step=min(self._first_step[n] for n in never), severity="error",
             evidence={"parameters": never[:8], "count": len(never), "grad_exactly_zero": len(zero),
                       "grad_none": len(never) - len(zero), "steps_observed": self._steps},
-            next_check="inspect_graph_connectivity",
         )]
-
-    def finish(self) -> Iterable[Finding]:
-        return self._verdict()

@@ -7,16 +7,11 @@ because the update was undone between steps (weights restored, a state_dict relo
 Also reported: gradients cleared between ``backward()`` and ``step()`` (every step sees no
 gradient at all), and ``optimizer.step()`` never called while backward ran.
 
-A bit-identical L2 norm is second-order evidence only: a weight just before a normalisation
-layer (Linear/Conv then BatchNorm/LayerNorm) is scale-invariant, its gradient is orthogonal to
-it, and an SGD step changes its norm by ``(lr |g| / |W|)^2 / 2``, below float32's resolution
-although every element moved. So a still norm is confirmed with a first-order fingerprint
-before it is reported: the L1 norm of the weight accumulated in float64 (``sum sign(w) dw``
-moves at first order) and its largest magnitude (for a gradient whose signed sum rounds to
-0, as a BatchNorm weight's before another normalisation can), taken before every step for the first 10 steps and afterwards only for
-the parameters whose L2 norm stood still (candidates), and compared step to step on the device
-(the row holds the relative change). Only a parameter whose fingerprint did not change either
-is still.
+A bit-identical L2 norm is second-order evidence only (a weight before a normalisation layer is
+scale-invariant: its norm moves at second order), so a still norm is confirmed with first-order
+fingerprints of the weight before it is reported (``_collect/weight_prints.py``): every weight
+on the first 10 rows, afterwards only the parameters whose L2 norm stood still (candidates).
+Only a parameter whose fingerprint did not change either is still.
 
 Thresholds:
 - ``no_update.min_still`` = 3 consecutive still steps per parameter: a warm-up whose first step
@@ -34,21 +29,20 @@ Thresholds:
 
 from __future__ import annotations
 
-import math
-import warnings
-from collections.abc import Callable, Iterable, Sequence
-from typing import ClassVar, Optional
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import torch
 
-from .._collect.compat import is_compiling
-from .._collect.probe import Probe, ProbeHost
-from .._collect.records import StepMeta, StepRecord
-from .._collect.tensors import reduces
+from .._collect.graph_walk import LossGraph
+from .._collect.probe import Probe
+from .._collect.probes.norms import GradNorms, WeightNorms
+from .._collect.weight_prints import WeightChange, WeightPrints
 from .._findings import Finding
-from ._common import common_module, threshold
-from .base import Detector, RunContext
-from .unregistered_parameter import GRAPH_CUT
+from .._record import StepRecord
+from ._common import GraphCut, common_module
+from .base import Detector, Threshold
 
 __all__ = ["NoUpdateDetector"]
 
@@ -56,91 +50,57 @@ __all__ = ["NoUpdateDetector"]
 #: accumulated in float32 or better (``_collect/probes/norms.py``), and a weight dtype coarser
 #: than that raises the bar to its own epsilon.
 _RESOLUTION = 1e-5
-#: The ledger block holding, per parameter, the relative change of its fingerprint since the
-#: previous step (valid for the names in ``meta.extra[FINGERPRINTED]``).
-_BLOCK = "weight_change"
-FINGERPRINTED = "fingerprinted"
-_ROW = "no_update.row"
-#: Rows (steps) from the attach on which every watched weight is fingerprinted (then: candidates only).
-_FINGERPRINT_ALL = 10
 
 
-class NoUpdateDetector(Detector, Probe):
+class NoUpdateDetector(Detector):
+    """Owns the fingerprint probe, which it tells which weights to confirm."""
+
     kind = "no_update"
-    boundary = "updates"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"min_still": 3}
+    rung = "updates"
+    next_check = "inspect_optimizer_update"
+    hypothesis = "the optimizer does not move these parameters"
+    reads = (GradNorms, WeightNorms, WeightChange, LossGraph)
+    thresholds = {"min_still": Threshold(3, "consecutive still steps per parameter: a warm-up whose first "
+                                            "step has lr 0 gives one, which is healthy")}
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.min_still = int(threshold(self, "min_still"))
-        self._prev: Optional[StepRecord] = None
+    def __init__(self) -> None:
+        #: parameters whose L2 norm stood still: fingerprinted before each step from now on
+        self._candidates: set[str] = set()
+        self.prints = WeightPrints(lambda: self._candidates)
+
+    #: Derived from the run at setup.
+    live_attributes = frozenset({"_resolution", "_optimizer_of"})
+
+    def probes(self) -> Sequence[Probe]:
+        return (self.prints,)
+
+    def setup(self) -> None:
+        self.min_still = int(self.threshold("min_still"))
+        self.cut = GraphCut()
+        # A step smaller than the weight's own resolution is rounded away: bf16 keeps ~3
+        # significant digits (eps 7.8e-3), so only steps above that are evidence there.
+        self._resolution = {n: max(_RESOLUTION, float(torch.finfo(dtype).eps))
+                            for n, dtype in self.ctx.param_dtypes.items() if dtype.is_floating_point}
+        self._prev: Optional[_Step] = None
         self._still: dict[str, list[int]] = {}
         self._max_lr = 0.0
         self._cleared_steps: list[int] = []
         self._frozen_steps: list[int] = []
-        self._resolution: dict[str, float] = {}
         #: the first step whose lr was exactly 0 after a positive lr (None while it is positive)
         self._lr_zero_since: Optional[int] = None
         #: optimizer steps with a backward taken since the lr fell to exactly 0 (host facts:
         #: seen every step, with no need for the sampled weight norms)
         self._lr_zero_steps: list[int] = []
         self._reported: set[str] = set()
-        self._host: Optional[ProbeHost] = None
         #: parameter name -> index of the optimizer holding it (read with several optimizers)
-        self._optimizer_of: dict[str, int] = {}
-        #: parameters whose L2 norm stood still: fingerprinted before each step from now on
-        self._candidates: set[str] = set()
+        self._optimizer_of = {n: i for i, names in enumerate(self.ctx.optimizer_groups) for n in names}
         #: parameters whose still norm a fingerprint confirmed in the current still stretch, and
         #: the step of the first confirmed pair (a still norm alone is weaker evidence)
         self._confirmed: dict[str, int] = {}
-        #: parameters that cannot be fingerprinted (float8, sharded): the L2 norm decides alone
-        self._unprintable: set[str] = set()
-        self._fp: Optional[_Fingerprints] = None
-        #: rows closed so far (the row number stamped into each row's meta)
-        self._rows = 0
         #: the step of the row after the last still pair, per parameter (where it was seen)
         self._still_until: dict[str, int] = {}
         #: derived from the run (never checkpointed): the watched names
         self._watched_cache: Optional[list[str]] = None
-
-    def setup(self, host: ProbeHost) -> None:
-        self._host = host
-        # A step smaller than the weight's own resolution is rounded away: bf16 keeps ~3
-        # significant digits (eps 7.8e-3), so only steps above that are evidence there.
-        self._resolution = {n: max(_RESOLUTION, float(torch.finfo(p.dtype).eps))
-                            for n, p in host.params if p.is_floating_point()}
-        index = {id(p): i for i, o in enumerate(host.optimizers) for g in o.param_groups for p in g["params"]}
-        self._optimizer_of = {n: index[id(p)] for n, p in host.params if id(p) in index}
-        printable = [(n, p) for n, p in host.params
-                     if p.is_floating_point() and not host.sharded and reduces(p.dtype, p.device)]
-        self._unprintable = {n for n, _ in host.params} - {n for n, _ in printable}
-        if printable:
-            self._fp = _Fingerprints(host, printable, lambda: self._candidates)
-
-    def on_pre_step(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
-        if self._fp is None:
-            return
-        try:
-            self._fp.take(self._rows)
-        except Exception as exc:  # a device or dtype without a float64 L1 norm
-            # Only the fingerprints stop: the still L2 norm decides alone, as before them.
-            self._unprintable.update(self._fp.names)
-            self._fp = None
-            warnings.warn(
-                f"torch_sentinel: no_update's first-order weight fingerprints are not taken "
-                f"({type(exc).__name__}: {exc}); a still weight norm is reported without them, so a "
-                "scale-invariant weight before a normalisation layer may be reported as not updating",
-                RuntimeWarning, stacklevel=2)
-
-    def on_row_close(self, meta: StepMeta) -> None:
-        # Rows are compared when they are consecutive rows, whatever their step numbers:
-        # Lightning's manual optimization with two optimizers numbers them 0, 2, 4, ...
-        meta.extra[_ROW] = self._rows
-        self._rows += 1
-
-    def close(self) -> None:
-        self._fp = None
 
     def _watched(self) -> list[str]:
         """Trainable parameters the optimizer holds (fixed for the run: computed once)."""
@@ -149,31 +109,38 @@ class NoUpdateDetector(Detector, Probe):
             self._watched_cache = [n for n in self.ctx.param_names if n in held and not n.startswith("<")]
         return self._watched_cache
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        found: list[Finding] = []
+    def update(self, record: StepRecord) -> None:
+        self.cut.add(record)
         watched = self._watched()
-        for rec in records:
-            lrs = [lr for lr in rec.meta.lrs if lr is not None]
-            prev = self._prev
-            if prev is not None and prev.meta.extra.get(_ROW, -2) == rec.meta.extra.get(_ROW, -1) - 1 \
-                    and prev.meta.weights_recorded \
-                    and rec.meta.weights_recorded and prev.meta.backward_calls and not prev.meta.amp_skipped:
-                self._compare(prev, rec, watched)
-            if lrs:
-                if max(lrs) == 0 and self._max_lr > 0 and self._lr_zero_since is None:
-                    self._lr_zero_since = rec.step
-                elif max(lrs) > 0:
-                    self._lr_zero_since = None
-                    self._lr_zero_steps = []
-                self._max_lr = max(self._max_lr, max(lrs))
-            if self._lr_zero_since is not None and rec.meta.backward_calls and not rec.meta.amp_skipped \
-                    and len(self._lr_zero_steps) < 16:
-                self._lr_zero_steps.append(rec.step)
-            if len(self._frozen_steps) < 16 and self._all_frozen(rec):
-                self._frozen_steps.append(rec.step)
-            if len(self._cleared_steps) < 16 and self._all_cleared(rec, watched):
-                self._cleared_steps.append(rec.step)
-            self._prev = rec
+        rec = record
+        lrs = [lr for lr in rec.meta.lrs if lr is not None]
+        prev = self._prev
+        # Rows are compared when they are consecutive rows, whatever their step numbers:
+        # Lightning's manual optimization with two optimizers numbers them 0, 2, 4, ...
+        if prev is not None and prev.row == rec.meta.row - 1 and prev.weights is not None \
+                and rec.meta.weights_recorded and prev.trained:
+            self._compare(prev, rec, watched)
+        if lrs:
+            if max(lrs) == 0 and self._max_lr > 0 and self._lr_zero_since is None:
+                self._lr_zero_since = rec.step
+            elif max(lrs) > 0:
+                self._lr_zero_since = None
+                self._lr_zero_steps = []
+            self._max_lr = max(self._max_lr, max(lrs))
+        if self._lr_zero_since is not None and rec.meta.backward_calls and not rec.meta.amp_skipped \
+                and len(self._lr_zero_steps) < 16:
+            self._lr_zero_steps.append(rec.step)
+        if len(self._frozen_steps) < 16 and self._all_frozen(rec):
+            self._frozen_steps.append(rec.step)
+        if len(self._cleared_steps) < 16 and self._all_cleared(rec, watched):
+            self._cleared_steps.append(rec.step)
+        self._prev = _Step.of(rec)
+
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        watched = self._watched()
+        found: list[Finding] = []
+        if final:
+            found += self._never_stepped()
         found += self._lr_zero_finding(watched)
         found += self._still_findings()
         found += self._cleared_finding()
@@ -194,7 +161,6 @@ class NoUpdateDetector(Detector, Probe):
             module="", step=steps[self.min_still - 1], onset_step=fell, severity="error",
             evidence={"lr_zero_since": fell, "max_lr_seen": self._max_lr, "steps": steps[:16],
                       "parameters_watched": len(watched)},
-            next_check="inspect_optimizer_update",
         )]
 
     def _all_frozen(self, rec: StepRecord) -> bool:
@@ -215,16 +181,21 @@ class NoUpdateDetector(Detector, Probe):
             return False
         return len(meta.grad_missing) >= len(trainable) and trainable <= set(meta.grad_missing)
 
-    def _compare(self, prev: StepRecord, rec: StepRecord, watched: list[str]) -> None:
-        pre0, pre1, grads = prev.mapping("param_norm"), rec.mapping("param_norm"), prev.mapping("grad_norm")
-        lrs = [lr for lr in prev.meta.lrs if lr is not None]
+    def _compare(self, prev: _Step, rec: StepRecord, watched: list[str]) -> None:
+        w1 = rec.fact(WeightNorms)
+        if prev.weights is None or w1 is None:
+            return
+        pre0, pre1, grads = prev.weights, w1.by_name(), prev.grads
+        lrs = [lr for lr in prev.lrs if lr is not None]
         decayed = bool(lrs) and self._max_lr > 0 and 0 < max(lrs) < 1e-3 * self._max_lr
         lr_zero = bool(lrs) and max(lrs) == 0
         lr = max(lrs) if lrs else 1.0
-        skip = set(prev.meta.frozen) | set(prev.meta.grad_missing)
-        printed = set(rec.meta.extra.get(FINGERPRINTED, ())) if rec.has(_BLOCK) else set()
-        stepped = prev.meta.extra.get("stepped")
-        if stepped is not None:  # several optimizers: only those that stepped in that row moved anything
+        skip = set(prev.frozen) | set(prev.grad_missing)
+        change = rec.fact(WeightChange)
+        printed = set(change.names) if change is not None else set()
+        stepped = prev.stepped
+        if len(self.ctx.optimizer_groups) > 1:
+            # several optimizers: only those that stepped in that row moved anything
             skip |= {n for n in watched if self._optimizer_of.get(n, -1) not in stepped}
         for name in watched:
             g = grads.get(name, 0.0)
@@ -236,12 +207,12 @@ class NoUpdateDetector(Detector, Probe):
             if not visible:
                 continue
             if pre0[name] == pre1[name] and not decayed:
-                if name in printed and rec.value(_BLOCK, name) > 0:
+                if change is not None and name in printed and change.values[name] > 0:
                     # The norm stood still but the weights moved (a scale-invariant weight).
                     self._still.pop(name, None)
                     self._confirmed.pop(name, None)
                     continue
-                if name in printed or name in self._unprintable:
+                if name in printed or name in self.prints.unprintable:
                     self._confirmed.setdefault(name, prev.step)
                 else:
                     self._candidates.add(name)
@@ -263,9 +234,9 @@ class NoUpdateDetector(Detector, Probe):
         owners = [self.ctx.owner(n) for n in still]
         module = common_module(owners)
         rec = self._prev
-        lrs = rec.meta.lrs if rec is not None else []
+        lrs = rec.lrs if rec is not None else []
         steps = sorted({s for v in still.values() for s in v})
-        grads = rec.mapping("grad_norm") if rec is not None else {}
+        grads = rec.grads if rec is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
         fell = self._lr_zero_since
         if lr_zero and fell is not None:
@@ -285,14 +256,12 @@ class NoUpdateDetector(Detector, Probe):
                       "grad_norm": {n: grads.get(n) for n in sorted(still)[:4]},
                       "lrs": [lr for lr in lrs if lr is not None], "max_lr_seen": self._max_lr,
                       "lr_zero_since": fell if lr_zero else None},
-            next_check="inspect_optimizer_update",
         )]
 
     def _cleared_finding(self) -> list[Finding]:
         if "<cleared>" in self._reported or len(self._cleared_steps) < self.min_still:
             return []
-        cut = self.ctx.extras.get(GRAPH_CUT)
-        if cut and cut["leaves"] and not cut["reached_params"]:
+        if self.cut.cut_off:
             return []  # the loss never reached the parameters: no_gradient names the cut
         self._reported.add("<cleared>")
         return [self.finding(
@@ -302,7 +271,6 @@ class NoUpdateDetector(Detector, Probe):
             module="", step=self._cleared_steps[self.min_still - 1],
             onset_step=self._cleared_steps[0], severity="error",
             evidence={"steps": self._cleared_steps[:16], "parameters_watched": len(self._watched())},
-            next_check="inspect_optimizer_update",
         )]
 
     def _frozen_finding(self) -> list[Finding]:
@@ -312,7 +280,7 @@ class NoUpdateDetector(Detector, Probe):
         opt = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
         module = common_module(self.ctx.owner(n) for n in opt)
         trainable_outside = [n for n in self.ctx.param_names if n not in self.ctx.optimizer_params
-                             and n not in set(self._prev.meta.frozen if self._prev else ())]
+                             and n not in set(self._prev.frozen if self._prev else ())]
         return [self.finding(
             f"every one of the {len(opt)} parameter(s) the optimizer holds (under "
             f"{module or '<model>'}) has requires_grad=False, so optimizer.step() changes nothing "
@@ -325,79 +293,42 @@ class NoUpdateDetector(Detector, Probe):
             evidence={"optimizer_parameters": len(opt), "frozen": len(opt),
                       "trainable_outside_optimizer": trainable_outside[:8],
                       "steps": self._frozen_steps[:16]},
-            next_check="inspect_optimizer_update",
         )]
 
-    def finish(self) -> Iterable[Finding]:
-        c = self._host
-        if c is None or c.step > 0 or not c.optimizers or c.meta.backward_calls < self.min_still:
-            return ()
+    def _never_stepped(self) -> list[Finding]:
+        """At the end of the run: backward ran, but no optimizer step ever closed a row."""
+        now = self.ctx.in_progress()
+        if "<never>" in self._reported or self._prev is not None or not self.ctx.optimizer_groups \
+                or now.row > 0 or now.backward_calls < self.min_still:
+            return []
+        self._reported.add("<never>")
         return [self.finding(
-            f"backward() ran {c.meta.backward_calls} times but optimizer.step() was never called",
+            f"backward() ran {now.backward_calls} times but optimizer.step() was never called",
             module="", step=0, severity="error",
-            evidence={"backward_calls": c.meta.backward_calls, "optimizer_steps": 0},
-            next_check="inspect_optimizer_update",
+            evidence={"backward_calls": now.backward_calls, "optimizer_steps": 0},
         )]
 
 
-class _Fingerprints:
-    """First-order fingerprints of the weights (L1 norms accumulated in float64, and the largest
-    magnitude), taken before a
-    step, and their relative change since the previous step written into the row: device ops
-    only; which names hold a valid change is host bookkeeping (``meta.extra``)."""
+@dataclasses.dataclass
+class _Step:
+    """What a comparison needs of the previous step (plain data: it is checkpointed)."""
 
-    def __init__(self, host: ProbeHost, params: list[tuple[str, torch.Tensor]],
-                 candidates: Callable[[], set[str]]) -> None:
-        self.host = host
-        self.names = [n for n, _ in params]
-        self.tensors = {n: p for n, p in params}
-        self.candidates = candidates
-        self.block = host.ledger.add_block(_BLOCK, [n for n, _ in host.params], -1.0)
-        self.slot = {n: i for i, (n, _) in enumerate(host.params)}
-        self.position = {n: i for i, n in enumerate(self.names)}
-        self.dtype = torch.float32 if host.device.type == "mps" else torch.float64
-        self.previous: Optional[torch.Tensor] = None
-        self.taken: dict[str, int] = {}
-        self._index: dict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+    step: int
+    row: int
+    #: A backward ran and the AMP scaler did not skip the step.
+    trained: bool
+    lrs: list[Optional[float]]
+    frozen: tuple[str, ...]
+    grad_missing: tuple[str, ...]
+    stepped: list[int]
+    #: Weight norms as the step found them (None where they were not read).
+    weights: Optional[dict[str, float]]
+    #: The gradient norms the step applied (after clipping: a gradient clipped to 0 moves nothing).
+    grads: dict[str, float]
 
-    def take(self, row: int) -> None:
-        """Fingerprint before the step of row number ``row`` (rows count 0, 1, 2, ...)."""
-        host = self.host
-        if is_compiling() or not host.meta.weights_recorded or host.meta.extra.get(FINGERPRINTED) is not None:
-            return  # once per row, on the rows whose weight norms were read
-        wanted = self.candidates()
-        if row >= _FINGERPRINT_ALL and not wanted:
-            return  # the usual case once training runs: nothing to confirm, nothing to pay
-        names = tuple(self.names if row < _FINGERPRINT_ALL else [n for n in self.names if n in wanted])
-        host.meta.extra[FINGERPRINTED] = ()
-        if not names:
-            return
-        with torch.no_grad():
-            weights = [self.tensors[n].detach() for n in names]
-            # Two prints per weight: its L1 norm and its largest magnitude (the L1 norm alone is
-            # blind when sum(sign(w) dw) rounds to 0: a BatchNorm weight of ones followed by
-            # another normalisation gets a gradient summing to ~0, and 8% of its SGD steps
-            # left both the L2 and the L1 norm bit-identical while every element moved).
-            fp = torch.stack([t.to(host.device) for t in (
-                *torch._foreach_norm(weights, 1, dtype=self.dtype),
-                *torch._foreach_norm(weights, math.inf, dtype=self.dtype))]).view(2, -1)
-            at, slots = self._indices(names)
-            if self.previous is None:
-                self.previous = torch.zeros((2, len(self.names)), dtype=self.dtype, device=host.device)
-            before = self.previous.index_select(1, at)
-            change = ((fp - before).abs() / before.abs().clamp_min(torch.finfo(self.dtype).tiny)).amax(0)
-            dest = host.ledger.current[self.block.start : self.block.stop]
-            dest.index_copy_(0, slots, change.to(dest.dtype))
-            self.previous.index_copy_(1, at, fp)
-        host.meta.extra[FINGERPRINTED] = tuple(n for n in names if self.taken.get(n) == row - 1)
-        for n in names:
-            self.taken[n] = row
-
-    def _indices(self, names: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        cached = self._index.get(names)
-        if cached is None:
-            device = self.host.device
-            cached = (torch.tensor([self.position[n] for n in names], device=device),
-                      torch.tensor([self.slot[n] for n in names], device=device))
-            self._index = {names: cached}
-        return cached
+    @classmethod
+    def of(cls, rec: StepRecord) -> _Step:
+        meta, w, g = rec.meta, rec.fact(WeightNorms), rec.fact(GradNorms)
+        return cls(rec.step, meta.row, bool(meta.backward_calls) and not meta.amp_skipped, list(meta.lrs),
+                   meta.frozen, meta.grad_missing, list(meta.stepped), w.by_name() if w is not None else None,
+                   dict(zip(g.names, g.at_step.tolist())) if g is not None else {})

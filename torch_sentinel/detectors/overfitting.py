@@ -16,38 +16,38 @@ Thresholds:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import ClassVar
+from collections.abc import Iterable
 
 import numpy as np
 
-from .._collect.records import StepRecord
 from .._findings import Finding
-from ._common import threshold
+from .._record import StepRecord
 from ._curve import ValidationCurve
-from .base import Detector, RunContext
+from .base import Detector, Threshold
 
 __all__ = ["OverfittingDetector"]
 
 
 class OverfittingDetector(Detector):
     kind = "overfitting"
-    boundary = "curves"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"rise": 0.1, "patience": 2}
+    rung = "curves"
+    next_check = "investigate_generalization"
+    hypothesis = "the model fits training noise"
+    thresholds = {
+        "rise": Threshold(0.1, "a 10% rise over the best validation loss (early-stopping practice)"),
+        "patience": Threshold(2, "the usual early-stopping patience, in validation points"),
+    }
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.rise = threshold(self, "rise")
-        self.patience = int(threshold(self, "patience"))
+    def setup(self) -> None:
+        self.rise = self.threshold("rise")
+        self.patience = int(self.threshold("patience"))
         self.history = ValidationCurve()
         self._reported = False
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        self.history.add(records)
-        return [] if self._reported else self._verdict()
+    def update(self, record: StepRecord) -> None:
+        self.history.add(record)
 
-    def finish(self) -> Iterable[Finding]:
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
         return [] if self._reported else self._verdict()
 
     def _verdict(self) -> list[Finding]:
@@ -78,5 +78,4 @@ class OverfittingDetector(Detector):
                       "last_validation": val[-1], "last_step": steps[-1],
                       "train_mean_before": before, "train_mean_since": since,
                       "validation_points": len(val)},
-            next_check="investigate_generalization",
         )]

@@ -13,42 +13,45 @@ Thresholds (on 5-step running medians):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from collections.abc import Iterable
+from typing import Optional
 
-from .._collect.loss_inputs import LossInputs
-from .._collect.probe import Probe
-from .._collect.records import StepRecord
+from .._collect.loss_inputs import LossCall
 from .._findings import Finding
-from ._common import threshold
+from .._record import StepRecord
 from ._curve import SmoothedLoss
-from .base import Detector, RunContext
+from .base import Detector, Threshold
 
 __all__ = ["PlateauDetector"]
 
 
 class PlateauDetector(Detector):
     kind = "plateau"
-    boundary = "curves"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"min_steps": 30, "improvement": 0.03}
+    rung = "curves"
+    next_check = "inspect_learning_rate_and_capacity"
+    hypothesis = "learning has stalled"
+    reads = (LossCall,)
+    thresholds = {
+        "min_steps": Threshold(30, "steps of history before a run can be called stuck"),
+        "improvement": Threshold(0.03, "DeepDiagnosis flags a loss unchanged over 5 checks; "
+                                       "a 3% bar on 5-step medians tolerates batch noise"),
+    }
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.min_steps = int(threshold(self, "min_steps"))
-        self.improvement = threshold(self, "improvement")
+    def setup(self) -> None:
+        self.min_steps = int(self.threshold("min_steps"))
+        self.improvement = self.threshold("improvement")
         self.loss = SmoothedLoss()
-        self._inputs: Optional[LossInputs] = LossInputs.shared(ctx.extras)
+        #: Classes seen by cross_entropy / nll_loss (for "stuck at chance level").
+        self._classes: Optional[int] = None
         self._reported = False
 
-    def probes(self) -> Sequence[Probe]:
-        return (self._inputs,) if self._inputs is not None else ()
+    def update(self, record: StepRecord) -> None:
+        self.loss.add(record)
+        call = record.fact(LossCall)
+        if call is not None and call.classes is not None:
+            self._classes = call.classes
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        self.loss.add(records)
-        return [] if self._reported else self._verdict()
-
-    def finish(self) -> Iterable[Finding]:
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
         return [] if self._reported else self._verdict()
 
     def _verdict(self) -> list[Finding]:
@@ -60,7 +63,7 @@ class PlateauDetector(Detector):
         start, best, now = L.start, L.low, L.now
         if not (start > 0 and best > start * (1 - self.improvement)) or now > start * 1.1:
             return []
-        classes = self._inputs.classes if self._inputs is not None else None
+        classes = self._classes
         chance = math.log(classes) if classes and classes > 1 else None
         at_chance = chance is not None and abs(now - chance) <= 0.05 * chance
         self._reported = True
@@ -72,5 +75,4 @@ class PlateauDetector(Detector):
             evidence={"start_loss": start, "best_loss": best, "last_loss": now,
                       "relative_improvement": (start - best) / start, "steps_observed": L.count,
                       "chance_loss": chance, "at_chance": at_chance},
-            next_check="inspect_learning_rate_and_capacity",
         )]

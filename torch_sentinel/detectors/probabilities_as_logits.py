@@ -14,29 +14,37 @@ Thresholds:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from collections.abc import Iterable
+from typing import Optional
 
-from .._collect.loss_inputs import BROADCAST_LOSSES, LOGIT_LOSSES, LossInputs
-from .._collect.probe import Probe
-from .._collect.records import StepRecord
+from .._collect.loss_inputs import (
+    BROADCAST_LOSSES,
+    LOGIT_LOSSES,
+    CompiledLoss,
+    LossCall,
+    LossInputRange,
+)
 from .._findings import Finding
-from ._common import threshold
-from .base import Detector, RunContext
+from .._record import StepRecord
+from .base import Detector, Threshold
 
 __all__ = ["ProbabilitiesAsLogitsDetector"]
 
 
 class ProbabilitiesAsLogitsDetector(Detector):
     kind = "probabilities_as_logits"
-    boundary = "loss"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"tolerance": 1e-3, "min_probes": 3}
+    rung = "loss"
+    next_check = "feed_logits_to_the_loss"
+    hypothesis = "the loss applies softmax/sigmoid a second time"
+    reads = (LossCall, LossInputRange, CompiledLoss)
+    thresholds = {
+        "tolerance": Threshold(1e-3, "float32 softmax rows sum to 1 within ~1e-6; logits essentially never do"),
+        "min_probes": Threshold(3, "probed steps agreeing (steps 0-4, then every 10th): one odd batch never decides"),
+    }
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.tolerance = threshold(self, "tolerance")
-        self.min_probes = int(threshold(self, "min_probes"))
+    def setup(self) -> None:
+        self.tolerance = self.threshold("tolerance")
+        self.min_probes = int(self.threshold("min_probes"))
         self._hits: list[tuple[int, str, float, float, float]] = []
         self._probes = 0
         self._count = 0
@@ -46,52 +54,44 @@ class ProbabilitiesAsLogitsDetector(Detector):
         self._reported = False
         self._said_blind = False
 
-    def probes(self) -> Sequence[Probe]:
-        return (LossInputs.shared(self.ctx.extras),)
+    def update(self, record: StepRecord) -> None:
+        if not self._said_blind and record.fact(CompiledLoss) is not None:
+            self._said_blind = True
+            self.flag(self._blind_under_compile(record.step))
+        call, seen = record.fact(LossCall), record.fact(LossInputRange)
+        if call is None or seen is None or record.meta.amp_skipped:
+            return
+        self._probes += 1
+        fn = call.function
+        if fn == "binary_cross_entropy_with_logits":
+            is_prob = seen.min >= 0.0 and seen.max <= 1.0
+        else:
+            is_prob = seen.min >= 0.0 and seen.rowsum_deviation <= self.tolerance
+        if is_prob:
+            self._count += 1
+            if len(self._hits) < 16:  # bounded: the evidence shows the first few
+                self._hits.append((record.step, fn, seen.min, seen.max, seen.rowsum_deviation))
+            self._module = call.input_module if call.input_module is not None else self._module
+            self._op = call.input_op or self._op
+            self._site = call.site or self._site
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        blind = self._blind_under_compile(records)
-        return blind + list(self._observe(records))
-
-    def _blind_under_compile(self, records: Sequence[StepRecord]) -> list[Finding]:
+    def _blind_under_compile(self, step: int) -> Finding:
         """Under torch.compile a loss computed inside the compiled model is traced, not seen:
         say so once, at the first step, for both loss-side checks."""
-        inputs = LossInputs.shared(self.ctx.extras)
-        if self._said_blind or not records or not inputs.blind_under_compile():
-            return []
-        self._said_blind = True
         watched = ", ".join(f"F.{name}" for name in LOGIT_LOSSES + BROADCAST_LOSSES)
-        return [self.finding(
+        return self.finding(
             f"probabilities_as_logits and loss_broadcast do not watch this run's loss: it is computed inside "
             f"compiled code (the loss reaching backward is a compiled graph's output, and no call of {watched} "
             "was made outside it), where those calls are traced, not seen. Everything else is watched. To check "
             "the loss inputs, "
             "compute the loss outside the compiled module, or run a few steps without torch.compile",
-            step=records[0].step, severity="info",
+            step=step, severity="info",
             evidence={"not_watched": ["probabilities_as_logits", "loss_broadcast"], "reason": "torch.compile",
                       "loss_functions_watched": list(LOGIT_LOSSES + BROADCAST_LOSSES)},
             next_check="run_a_few_steps_eagerly",
-        )]
+        )
 
-    def _observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        for rec in records:
-            fn = rec.meta.extra.get("loss_probe")
-            if fn is None or rec.meta.amp_skipped:
-                continue
-            self._probes += 1
-            lo, hi = rec.value("loss_input.min", "values"), rec.value("loss_input.max", "values")
-            dev = rec.value("loss_input.max", "rowsum_dev")
-            if fn == "binary_cross_entropy_with_logits":
-                is_prob = lo >= 0.0 and hi <= 1.0
-            else:
-                is_prob = lo >= 0.0 and dev <= self.tolerance
-            if is_prob:
-                self._count += 1
-                if len(self._hits) < 16:  # bounded: the evidence shows the first few
-                    self._hits.append((rec.step, fn, lo, hi, dev))
-                self._module = rec.meta.extra.get("loss_input_module", self._module)
-                self._op = rec.meta.extra.get("loss_input_op", self._op)
-                self._site = rec.meta.extra.get("loss_input_site", self._site)
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
         if self._reported or self._count < self.min_probes or self._count < self._probes // 2:
             return ()
         self._reported = True
@@ -114,8 +114,4 @@ class ProbabilitiesAsLogitsDetector(Detector):
                       "probes_matching": self._count, "probes": self._probes,
                       "steps": [h[0] for h in self._hits][:8], "producer_op": self._op,
                       "call_site": self._site},
-            next_check="feed_logits_to_the_loss",
         )]
-
-    def finish(self) -> Iterable[Finding]:
-        return self.observe(())

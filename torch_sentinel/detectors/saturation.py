@@ -12,39 +12,38 @@ legitimately pushes its outputs to 0 and 1.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import numpy as np
 
-from .._collect.probe import Probe
-from .._collect.records import StepRecord
-from .._collect.saturation import SaturationWatch
+from .._collect.saturation import SaturatedFractions
 from .._findings import Finding
-from ._common import threshold
-from .base import Detector, RunContext
+from .._record import StepRecord
+from .base import Detector, Threshold
 
 __all__ = ["SaturationDetector"]
 
 
 class SaturationDetector(Detector):
     kind = "saturation"
-    boundary = "forward"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"fraction": 0.5, "min_samples": 3}
+    rung = "forward"
+    next_check = "inspect_initialization_and_input_scale"
+    hypothesis = "pre-activations are too large (initialisation or input scale), so units sit on flat ends"
+    reads = (SaturatedFractions,)
+    thresholds = {
+        "fraction": Threshold(0.5, "DeepDiagnosis: saturation when over half of sigmoid/tanh inputs are beyond +-5"),
+        "min_samples": Threshold(3, "sampled steps (0-4, then every 10th), median fraction"),
+    }
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.fraction = threshold(self, "fraction")
-        self.min_samples = int(threshold(self, "min_samples"))
-        self.watch = SaturationWatch()
+    def setup(self) -> None:
+        self.fraction = self.threshold("fraction")
+        self.min_samples = int(self.threshold("min_samples"))
         self._samples: dict[str, collections.deque[tuple[int, float]]] = {}
         self._reported: set[str] = set()
+        self._fresh = False
         #: (forward order, its last leaf module), recomputed only when the order changes.
         self._leaf_order: Optional[tuple[tuple[int, ...], str]] = None
-
-    def probes(self) -> Sequence[Probe]:
-        return (self.watch,)
 
     def _output_module(self) -> str:
         """The last leaf module in forward order: the model's output activation, if any."""
@@ -58,18 +57,18 @@ class SaturationDetector(Detector):
             self._leaf_order = (order, leaves[-1] if leaves else "")
         return self._leaf_order[1]
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        if not self.watch.sites:
-            return []
-        fresh = False
-        for rec in records:
-            if not rec.meta.extra.get("saturation") or not rec.has("saturation"):
-                continue
-            fresh = True
-            for site, frac in rec.mapping("saturation").items():
-                self._samples.setdefault(site, collections.deque(maxlen=self.min_samples)).append((rec.step, frac))
-        if not fresh:
-            return []  # no sampled step in this window: nothing changed (a median per site is not free)
+    def update(self, record: StepRecord) -> None:
+        seen = record.fact(SaturatedFractions)
+        if seen is None:
+            return
+        self._fresh = True
+        for site, frac in zip(seen.modules, seen.values.tolist()):
+            self._samples.setdefault(site, collections.deque(maxlen=self.min_samples)).append((record.step, frac))
+
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        if not self._fresh:
+            return []  # no sampled step since the last verdict: nothing changed (a median per site is not free)
+        self._fresh = False
         found = []
         output = self._output_module()
         for site, samples in self._samples.items():
@@ -86,9 +85,5 @@ class SaturationDetector(Detector):
                 module=site, step=samples[-1][0], onset_step=samples[0][0], severity="warning",
                 evidence={"saturated_fraction": median, "steps": [s for s, _ in samples],
                           "fractions": [f for _, f in samples], "threshold": self.fraction},
-                next_check="inspect_initialization_and_input_scale",
             ))
         return found
-
-    def finish(self) -> Iterable[Finding]:
-        return self.observe(())

@@ -16,17 +16,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from typing import Optional
 
 import numpy as np
 
-from .._collect.inputs import InputStats
+from .._collect.inputs import InputMoments, InputStats
 from .._collect.probe import Probe
-from .._collect.records import StepRecord
+from .._collect.probes.data import InputRange
 from .._collect.transfer import AsyncFetch
 from .._findings import Finding
-from ._common import threshold
-from .base import Detector, RunContext
+from .._record import StepRecord
+from .base import Detector, Threshold
 
 __all__ = ["UnnormalizedInputDetector"]
 
@@ -35,17 +35,30 @@ _NORMS = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm",
 
 
 class UnnormalizedInputDetector(Detector):
-    kind = "unnormalized_input"
-    boundary = "data"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"scale": 10.0, "tiny": 1e-2, "min_steps": 3}
+    """Reads the input moments of sampled steps, and owns the probe whose per-feature mask
+    (kept on the device over a window) says which features never varied."""
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.scale = threshold(self, "scale")
-        self.tiny = threshold(self, "tiny")
-        self.min_steps = int(threshold(self, "min_steps"))
+    kind = "unnormalized_input"
+    rung = "data"
+    next_check = "normalize_inputs"
+    hypothesis = "inputs are not scaled to the range the initialisation assumes"
+    reads = (InputMoments, InputRange)
+    thresholds = {
+        "scale": Threshold(10.0, "UMLAUT flags inputs outside [-1, 1]; standardized data reaches +-4, "
+                                 "so an order of magnitude more (raw 0..255 pixels give ~100)"),
+        "tiny": Threshold(1e-2, "every |x| below 0.01: pixels divided by 255 twice"),
+        "min_steps": Threshold(3, "sampled steps (0-4, then every 10th), median"),
+    }
+    #: A device copy in flight.
+    live_attributes = frozenset({"_fetch"})
+
+    def __init__(self) -> None:
         self.stats = InputStats()
+
+    def setup(self) -> None:
+        self.scale = self.threshold("scale")
+        self.tiny = self.threshold("tiny")
+        self.min_steps = int(self.threshold("min_steps"))
         # Bounded: the verdict is a median over the most recent sampled steps.
         self._samples: collections.deque[tuple[int, float, float, float, float]] = collections.deque(maxlen=50)
         self._first_sampled: Optional[int] = None
@@ -66,19 +79,17 @@ class UnnormalizedInputDetector(Detector):
             return mtype in _NORMS
         return False
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
-        for rec in records:
-            self._last_step = rec.step
-            if rec.meta.extra.get("input_stats"):
-                lo, hi = rec.value("data.min", "inputs"), rec.value("data.max", "inputs")
-                if len(self._samples) == self.min_steps - 1:
-                    self._first_sampled = rec.step
-                self._samples.append((rec.step, rec.value("input_stats", "mean"),
-                                      rec.value("input_stats", "std"), lo, hi))
-        return _one(self._scale_finding(), self._constant_finding(block=False))
+    def update(self, record: StepRecord) -> None:
+        self._last_step = record.step
+        moments, seen = record.fact(InputMoments), record.fact(InputRange)
+        if moments is None or seen is None:
+            return
+        if len(self._samples) == self.min_steps - 1:
+            self._first_sampled = record.step
+        self._samples.append((record.step, moments.mean, moments.std, *seen.inputs))
 
-    def finish(self) -> Iterable[Finding]:
-        return _one(self._scale_finding(), self._constant_finding(block=True))
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        return _one(self._scale_finding(), self._constant_finding(block=final))
 
     def _scale_finding(self) -> list[Finding]:
         if self._scale_done or len(self._samples) < self.min_steps:
@@ -104,7 +115,6 @@ class UnnormalizedInputDetector(Detector):
             severity="warning",
             evidence={"mean": mean, "std": std, "min": lo, "max": hi,
                       "steps_sampled": len(self._samples), "scale_threshold": self.scale},
-            next_check="normalize_inputs",
         )]
 
     def _constant_finding(self, block: bool) -> list[Finding]:

@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable, Sequence
-from typing import ClassVar, Optional
+from typing import Optional
 
 import numpy as np
 
-from .._collect.records import StepRecord
+from .._collect.probes.norms import WeightNorms
+from .._collect.probes.updates import UpdateNorms
 from .._findings import Finding
-from ._common import threshold, trained_rows
-from .base import Detector, RunContext
-from .gradient_scale import _layers
+from .._record import StepRecord
+from ._common import trained
+from ._layers import layers
+from .base import Detector, Threshold
 
 __all__ = ["UpdateRatioDetector"]
 
@@ -49,15 +50,21 @@ _GROWN = 10.0
 
 class UpdateRatioDetector(Detector):
     kind = "update_ratio"
-    boundary = "updates"
-    #: Threshold defaults; override with attach(thresholds={"<kind>.<name>": value}).
-    thresholds: ClassVar[dict[str, float]] = {"high": 0.1, "low": 1e-7, "min_samples": 3}
+    rung = "updates"
+    next_check = "inspect_learning_rate"
+    hypothesis = "the learning rate is out of scale with the weights"
+    reads = (UpdateNorms, WeightNorms)
+    thresholds = {
+        "high": Threshold(0.1, "DeepDiagnosis's upper bound on lr*||dW||/||W||, 100x the 1e-3 rule of thumb"),
+        "low": Threshold(1e-7, "DeepDiagnosis's 1e-5, lowered: fine-tuning sits near 1e-5 legitimately; "
+                               "only updates float32 can barely represent"),
+        "min_samples": Threshold(3, "sampled steps, median: one step never decides"),
+    }
 
-    def __init__(self, ctx: RunContext) -> None:
-        super().__init__(ctx)
-        self.high = threshold(self, "high")
-        self.low = threshold(self, "low")
-        self.min_samples = int(threshold(self, "min_samples"))
+    def setup(self) -> None:
+        self.high = self.threshold("high")
+        self.low = self.threshold("low")
+        self.min_samples = int(self.threshold("min_samples"))
         self._samples: collections.deque[tuple[int, float, str, float]] = collections.deque(maxlen=self.min_samples)
         self._weights: list[str] = []
         self._reported = False
@@ -68,41 +75,45 @@ class UpdateRatioDetector(Detector):
         #: each weight's norm at the first row that recorded it
         self._first: dict[str, float] = {}
 
-    def observe(self, records: Sequence[StepRecord]) -> Iterable[Finding]:
+    def update(self, record: StepRecord) -> None:
+        if not trained(record):
+            return
         if not self._weights:
-            self._weights = [p for _, ps in _layers(self.ctx) for p in ps if p in self.ctx.optimizer_params]
-        for rec in trained_rows(records):
-            found = self._lower_bound(rec)
+            self._weights = [p for _, ps in layers(self.ctx) for p in ps if p in self.ctx.optimizer_params]
+        rec = record
+        found = self._lower_bound(rec)
+        if found:
+            self.flag(found[0])
+            return
+        updates, weights = rec.fact(UpdateNorms), rec.fact(WeightNorms)
+        if updates is None or weights is None or not self._weights or not any(rec.meta.lrs):
+            return
+        upd, par = updates.by_name(), weights.by_name()
+        skip = set(rec.meta.frozen) | set(rec.meta.grad_missing)
+        names = [n for n in self._weights if n not in skip and par.get(n, 0) > 0]
+        if not names:
+            return
+        u = np.array([upd[n] for n in names], dtype=np.float64)
+        w = np.array([par[n] for n in names], dtype=np.float64)
+        if not (np.isfinite(u).all() and np.isfinite(w).all()) or not u.any():
+            return
+        per = u / w
+        i = int(np.argmax(per))
+        self._samples.append((rec.step, float(math.sqrt((u**2).sum() / (w**2).sum())), names[i], float(per[i])))
+        # Any run of min_samples consecutive samples out of bounds counts: Adam at a too-high
+        # lr is most visible early, before the weights have grown to match it.
+        if not self._reported and len(self._samples) == self.min_samples:
+            found = self._check()
             if found:
-                return found
-            if not rec.meta.updates_sampled or not self._weights or not any(rec.meta.lrs):
-                continue
-            upd, par = rec.mapping("update_norm"), rec.mapping("param_norm")
-            skip = set(rec.meta.frozen) | set(rec.meta.grad_missing)
-            names = [n for n in self._weights if n not in skip and par.get(n, 0) > 0]
-            if not names:
-                continue
-            u = np.array([upd[n] for n in names], dtype=np.float64)
-            w = np.array([par[n] for n in names], dtype=np.float64)
-            if not (np.isfinite(u).all() and np.isfinite(w).all()) or not u.any():
-                continue
-            per = u / w
-            i = int(np.argmax(per))
-            self._samples.append((rec.step, float(math.sqrt((u**2).sum() / (w**2).sum())), names[i], float(per[i])))
-            # Any run of min_samples consecutive samples out of bounds counts: Adam at a too-high
-            # lr is most visible early, before the weights have grown to match it.
-            if not self._reported and len(self._samples) == self.min_samples:
-                found = self._check()
-                if found:
-                    return found
-        return []
+                self.flag(found[0])
 
     def _lower_bound(self, rec: StepRecord) -> list[Finding]:
         """Fold in ``| ||W|| now - ||W|| before the previous step | / ||W|| before``, a lower
         bound of the previous step's update/weight ratio, when both rows read the weights."""
-        if not rec.meta.weights_recorded or not self._weights:
+        weights = rec.fact(WeightNorms)
+        if weights is None or not self._weights:
             return []
-        par = rec.mapping("param_norm")
+        par = weights.by_name()
         skip = set(rec.meta.frozen) | set(rec.meta.grad_missing)
         stepped = not rec.meta.amp_skipped and any(lr for lr in rec.meta.lrs if lr is not None)
         prev, self._prev_norms = self._prev_norms, (rec.step, {n: par[n] for n in self._weights if n not in skip}, stepped)
@@ -161,6 +172,3 @@ class UpdateRatioDetector(Detector):
                       "bound": self.high if high else self.low},
             next_check="lower_learning_rate" if high else "raise_learning_rate",
         )]
-
-    def finish(self) -> Iterable[Finding]:
-        return []

@@ -1,6 +1,6 @@
 """The diagnosis: findings ordered along the evidence ladder, and the next check."""
 
-from .ladder import HYPOTHESES, NEXT_CHECKS, first_failing_boundary, next_check_for
+from .ladder import first_failing_boundary, hypothesis_for, kind_info, next_check_for
 from .report import Report
 
-__all__ = ["HYPOTHESES", "NEXT_CHECKS", "Report", "first_failing_boundary", "next_check_for"]
+__all__ = ["Report", "first_failing_boundary", "hypothesis_for", "kind_info", "next_check_for"]

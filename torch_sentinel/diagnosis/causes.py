@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._collect.records import StepRecord
+from .._record import StepRecord
 
 __all__ = ["Cause", "Trends", "rank_causes", "trends"]
 

@@ -1,40 +1,44 @@
-"""The evidence ladder: which rung fails first, and what to check next in the seeds' vocabulary."""
+"""The evidence ladder: which rung fails first, and what to check next in the seeds' vocabulary.
+
+What each finding kind means is declared by its producer: a detector's ``next_check`` and
+``hypothesis`` class attributes (carried by every finding it gives), and :data:`KINDS` below for
+the two kinds no detector gives (``non_finite``, raised at the step; ``shape_mismatch``, a note
+on a shape error). This module only orders findings along the ladder and falls back to each
+rung's generic check for a finding that names none (one read back from an older file).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Iterable
 from typing import Optional
 
 from .._findings import BOUNDARIES, Finding
 
-__all__ = ["HEALTHY_NEXT_CHECK", "HYPOTHESES", "NEXT_CHECKS", "first_failing_boundary", "next_check_for"]
+__all__ = ["BOUNDARY_CHECKS", "BOUNDARY_HYPOTHESES", "HEALTHY_NEXT_CHECK", "KINDS", "KindInfo",
+           "first_failing_boundary", "hypothesis_for", "kind_info", "next_check_for", "sort_key"]
 
 HEALTHY_NEXT_CHECK = "continue_training_or_collect_more_evidence"
 
-#: The next action when a boundary fails, by finding kind; kinds not listed fall back to the
-#: boundary's generic check.
-NEXT_CHECKS: dict[str, str] = {
-    "non_finite": "inspect_first_nonfinite_module",
-    "shape_mismatch": "name_the_axes_and_fix_the_layer_contract",
-    "loss_broadcast": "reshape_target_or_output_to_match",
-    "unnormalized_input": "normalize_inputs",
-    "dead_relu": "inspect_initialization_and_learning_rate",
-    "eval_mode_training": "call_model_train_before_training",
-    "probabilities_as_logits": "feed_logits_to_the_loss",
-    "no_gradient": "inspect_graph_connectivity",
-    "missing_zero_grad": "clear_gradients_every_step",
-    "exploding_gradient": "lower_learning_rate_or_clip_gradients",
-    "vanishing_gradient": "inspect_initialization_and_activations",
-    "no_update": "inspect_optimizer_update",
-    "unregistered_parameter": "register_parameters_with_optimizer",
-    "overfitting": "investigate_generalization",
-    "diverging": "lower_learning_rate",
-    "plateau": "inspect_learning_rate_and_capacity",
-    "loss_spike": "inspect_the_first_mover",
-    "amp_skips": "inspect_backward_path",
-    "update_ratio": "inspect_learning_rate",
-    "saturation": "inspect_initialization_and_input_scale",
-}
+
+@dataclasses.dataclass(frozen=True)
+class KindInfo:
+    """What a finding kind tells the user: its rung, its next check and its hypothesis."""
+
+    kind: str
+    rung: str
+    next_check: str
+    hypothesis: str
+
+
+#: The kinds that no detector gives.
+KINDS: tuple[KindInfo, ...] = (
+    KindInfo("non_finite", "forward", "inspect_first_nonfinite_module",
+             "a NaN/Inf starts at this boundary and propagates downstream"),
+    KindInfo("shape_mismatch", "shapes", "name_the_axes_and_fix_the_layer_contract",
+             "the data/layer contract does not represent the intended operation"),
+)
 
 BOUNDARY_CHECKS: dict[str, str] = {
     "data": "inspect_data_and_targets",
@@ -46,29 +50,31 @@ BOUNDARY_CHECKS: dict[str, str] = {
     "curves": "investigate_generalization",
 }
 
-#: A one-line hypothesis per kind, for the experiment-log style report.
-HYPOTHESES: dict[str, str] = {
-    "non_finite": "a NaN/Inf starts at this boundary and propagates downstream",
-    "shape_mismatch": "the data/layer contract does not represent the intended operation",
-    "loss_broadcast": "the loss silently broadcasts mismatched shapes",
-    "unnormalized_input": "inputs are not scaled to the range the initialisation assumes",
-    "dead_relu": "units stopped firing (too high a learning rate, or a bad bias/initialisation)",
-    "eval_mode_training": "model.eval() was left on while training",
-    "probabilities_as_logits": "the loss applies softmax/sigmoid a second time",
-    "no_gradient": "the graph is cut (detach, numpy round trip) or a branch is unused",
-    "missing_zero_grad": "gradients accumulate across steps because they are never cleared",
-    "exploding_gradient": "gradients grow through depth or time",
-    "vanishing_gradient": "gradients shrink through depth (saturation, poor initialisation)",
-    "no_update": "the optimizer does not move these parameters",
-    "unregistered_parameter": "trainable tensors are missing from every optimizer param group",
-    "overfitting": "the model fits training noise",
-    "diverging": "the optimization is unstable",
-    "plateau": "learning has stalled",
-    "loss_spike": "one module left its recent behaviour before the loss jumped; the evidence names how",
-    "amp_skips": "gradients are non-finite at every step, so the scaler never applies an update",
-    "update_ratio": "the learning rate is out of scale with the weights",
-    "saturation": "pre-activations are too large (initialisation or input scale), so units sit on flat ends",
+#: For kinds without their own hypothesis.
+BOUNDARY_HYPOTHESES: dict[str, str] = {
+    "data": "the batch is not what the model expects",
+    "shapes": "the data/layer contract does not represent the intended operation",
+    "forward": "a module computes something unintended from valid inputs",
+    "loss": "the objective does not use the intended representation",
+    "gradients": "the backward path is broken or badly scaled",
+    "updates": "the optimizer does not move the parameters as intended",
+    "curves": "learning itself goes wrong: stall, divergence or poor generalization",
 }
+
+
+@functools.cache
+def _known() -> dict[str, KindInfo]:
+    from ..detectors import builtin_detectors
+
+    known = {k.kind: k for k in KINDS}
+    for cls in builtin_detectors():
+        known[cls.kind] = KindInfo(cls.kind, cls.rung, cls.next_check, cls.hypothesis)
+    return known
+
+
+def kind_info(kind: str) -> Optional[KindInfo]:
+    """What a built-in kind means (None for a user's detector's kind)."""
+    return _known().get(kind)
 
 
 def _rank(boundary: str) -> int:
@@ -88,7 +94,13 @@ def next_check_for(findings: Iterable[Finding]) -> str:
     if not faults:
         return HEALTHY_NEXT_CHECK
     first = faults[0]
-    return first.next_check or NEXT_CHECKS.get(first.kind) or BOUNDARY_CHECKS[first.boundary]
+    info = kind_info(first.kind)
+    return first.next_check or (info.next_check if info else "") or BOUNDARY_CHECKS[first.boundary]
+
+
+def hypothesis_for(finding: Finding) -> str:
+    info = kind_info(finding.kind)
+    return finding.hypothesis or (info.hypothesis if info else "") or BOUNDARY_HYPOTHESES[finding.boundary]
 
 
 def sort_key(f: Finding) -> tuple[int, int, int, str]:

@@ -7,22 +7,10 @@ import json
 from typing import Any, Optional
 
 from .._findings import BOUNDARIES, Finding
-from .ladder import HYPOTHESES, first_failing_boundary, next_check_for, sort_key
+from .ladder import first_failing_boundary, hypothesis_for, next_check_for, sort_key
 from .spikes import LONG_EVIDENCE, spike_timeline
 
 __all__ = ["Report"]
-
-#: For kinds without their own hypothesis (added by users or later detectors).
-BOUNDARY_HYPOTHESES = {
-    "data": "the batch is not what the model expects",
-    "shapes": "the data/layer contract does not represent the intended operation",
-    "forward": "a module computes something unintended from valid inputs",
-    "loss": "the objective does not use the intended representation",
-    "gradients": "the backward path is broken or badly scaled",
-    "updates": "the optimizer does not move the parameters as intended",
-    "curves": "learning itself goes wrong: stall, divergence or poor generalization",
-}
-
 
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
@@ -113,7 +101,7 @@ class Report:
             if timeline:
                 lines.append("  timeline:")
                 lines.extend(f"    {line}" for line in timeline)
-            hyp = HYPOTHESES.get(f.kind) or BOUNDARY_HYPOTHESES.get(f.boundary)
+            hyp = hypothesis_for(f)
             if hyp:
                 lines.append(f"  hypothesis: {hyp}")
             if f.next_check:

@@ -15,10 +15,14 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from .._collect.probes.clip import CLIPPED, preclip_grad_norms
-from .._collect.records import StepRecord
+from .._collect.probes.amp import LossScale
+from .._collect.probes.forward import Activations
+from .._collect.probes.norms import GradNorms, WeightNorms
+from .._collect.probes.updates import UpdateNorms
+from .._collect.rungs import nonfinite_counts
 from .._findings import Finding
-from ..diagnosis.ladder import HYPOTHESES, next_check_for
+from .._record import StepRecord
+from ..diagnosis.ladder import hypothesis_for, kind_info, next_check_for
 from ..diagnosis.spikes import LONG_EVIDENCE
 from .base import SinkContext
 from .schedule import ModuleSchedule, module_tag_bytes
@@ -50,15 +54,6 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
         "dead-unit fraction per ReLU": ["Multiline", [r"dead_fraction/.*"]],
         "non-finite slots per boundary": ["Multiline", [r"nonfinite/.*"]],
     },
-}
-
-#: Which ledger blocks hold the evidence of each boundary, for the non-finite counts.
-_NONFINITE_BLOCKS: dict[str, tuple[str, ...]] = {
-    "data": ("data.min", "data.max"),
-    "forward": ("act.min", "act.max"),
-    "loss": ("loss",),
-    "gradients": ("outgrad.min", "outgrad.max", "grad_norm"),
-    "updates": ("param_norm", "update_norm"),
 }
 
 #: Detector statistics that also get a short tag: (prefix, suffix) -> alias prefix.
@@ -110,8 +105,9 @@ class StepScalars:
         whole-model tags and the per-module ones (``<kind>/<module>``)."""
         if global_tags:
             yield from self._global_scalars(record, amp_skipped)
-        if record.has("grad_norm"):
-            yield from self._param_scalars(record, global_tags, module_tags)
+        grads = record.fact(GradNorms)
+        if grads is not None:
+            yield from self._param_scalars(record, grads, global_tags, module_tags)
         if module_tags:
             yield from self._module_activations(record, module_names)
 
@@ -123,20 +119,18 @@ class StepScalars:
         for name, lr in zip(meta.lr_names, meta.lrs):
             if lr is not None:
                 yield f"lr/{name}", lr
-        clean = bool(np.isfinite(record.values).all())  # the usual row: one pass, all zeros
-        for boundary, blocks in _NONFINITE_BLOCKS.items():
-            bad = 0 if clean else sum(int((~np.isfinite(record.array(b))).sum()) for b in blocks if record.has(b))
+        for boundary, bad in nonfinite_counts(record).items():
             yield f"nonfinite/{boundary}", float(bad)
         if amp_skipped is not None:
             yield "amp/skipped_steps", float(amp_skipped)
-            if meta.amp and record.has("misc"):
-                scale = record.value("misc", "amp_scale")
-                if scale > 0:
-                    yield "amp/loss_scale", scale
+            scaled = record.fact(LossScale)
+            if scaled is not None and scaled.scale > 0:
+                yield "amp/loss_scale", scaled.scale
 
     def _module_activations(self, record: StepRecord, module_names: Sequence[str]) -> Iterator[tuple[str, float]]:
-        if record.has("act.min"):
-            lo, hi = record.array("act.min"), record.array("act.max")
+        seen = record.fact(Activations)
+        if seen is not None:
+            lo, hi = seen.lo, seen.hi
             absmax = np.maximum(np.abs(lo), np.abs(hi))
             # A module that did not run this step keeps its slots at (+max, -max): lo > hi.
             for i in np.flatnonzero(~(lo > hi)).tolist():
@@ -144,35 +138,35 @@ class StepScalars:
                     yield f"activation_absmax/{module_tag(module_names[i])}", float(absmax[i])
 
     def _param_scalars(
-        self, record: StepRecord, global_tags: bool, module_tags: bool
+        self, record: StepRecord, grads: GradNorms, global_tags: bool, module_tags: bool
     ) -> Iterator[tuple[str, float]]:
-        keys = record.keys("grad_norm")
-        if self._keys is not keys and self._keys != keys:
+        keys = list(grads.names)
+        if self._keys is not grads.names and self._keys != keys:
             self._layout(keys)
         n_modules = len(self._modules)
         present = np.ones(len(keys), dtype=bool)
-        for name in record.meta.grad_missing:
+        for name in grads.missing:
             j = self._index.get(name)
             if j is not None:
                 present[j] = False
         if present.any():
             # Before clipping, as clip_grad_norm_ saw them (see _collect/probes/clip.py).
-            g = preclip_grad_norms(record)
+            g = grads.values
             sq = np.bincount(self._owner_idx[present], weights=g[present] ** 2, minlength=n_modules)
             has = np.bincount(self._owner_idx[present], minlength=n_modules) > 0
             if global_tags:
                 yield "grad_norm/global", math.sqrt(float(sq.sum()))
-                if record.meta.extra.get(CLIPPED):
-                    post = record.array("grad_norm").astype(np.float64)[present]
+                if grads.clipped is not None:
+                    post = grads.clipped[present]
                     yield "grad_norm/global_clipped", math.sqrt(float((post**2).sum()))
             if module_tags:
                 norms = np.sqrt(sq).tolist()  # float64, as math.sqrt: the same values
                 tags = self._grad_tags
                 for i in np.flatnonzero(has).tolist():
                     yield tags[i], norms[i]
-        if record.meta.updates_sampled and record.has("update_norm"):
-            u = record.array("update_norm").astype(np.float64)
-            w = record.array("param_norm").astype(np.float64)
+        updates, weights = record.fact(UpdateNorms), record.fact(WeightNorms)
+        if updates is not None and weights is not None:
+            u, w = updates.values, weights.values
             usq = np.bincount(self._owner_idx, weights=u**2, minlength=n_modules)
             wsq = np.bincount(self._owner_idx, weights=w**2, minlength=n_modules)
             if global_tags and wsq.sum() > 0:
@@ -196,8 +190,8 @@ def finding_markdown(findings: Sequence[Finding]) -> str:
         if f.evidence:
             ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None and k not in LONG_EVIDENCE)
             lines += ["", f"evidence: `{ev}`"]
-        if f.kind in HYPOTHESES:
-            lines += ["", f"hypothesis: {HYPOTHESES[f.kind]}"]
+        if f.hypothesis or kind_info(f.kind) is not None:
+            lines += ["", f"hypothesis: {hypothesis_for(f)}"]
         if f.is_fault:
             lines += ["", f"next check: `{next_check_for([f])}`"]
         parts.append("\n".join(lines))

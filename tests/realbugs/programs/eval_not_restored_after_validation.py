@@ -17,6 +17,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/fartashf/vsepp/issues/4; https://github.com/facebookresearch/clevr-iep/pull/22"
+CLASS = "training continues in eval mode"
 KIND, MODULE, CAUSE, ONSET = "eval_mode_training", "", None, 16
 
 

@@ -17,6 +17,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/microsoft/nni/issues/4521"
+CLASS = "optimizer holds replaced (stale) parameters"
 KIND, MODULE, CAUSE, ONSET = "unregistered_parameter", "2", None, 0
 
 

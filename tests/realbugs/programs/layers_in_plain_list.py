@@ -20,6 +20,7 @@ import torch_sentinel
 
 SOURCE = ("https://runebook.dev/zh/docs/pytorch/generated/torch.nn.modulelist/torch.nn.ModuleList; "
           "https://theflyingbirds.in/blog/pytorch-mysteries-lets-understand-nnmodule-nnparameter-modulelist-sequential-and-the-classic-layers-linear-activations-dropout")
+CLASS = "submodules in a plain list (not registered)"
 KIND, MODULE, CAUSE, ONSET = "unregistered_parameter", "", None, 0
 
 

@@ -17,6 +17,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/mohammadbashiri/fitgabor/pull/1; https://github.com/pytorch/pytorch/issues/5953"
+CLASS = "gradients accumulate across steps (zero_grad missing)"
 KIND, MODULE, CAUSE, ONSET = "missing_zero_grad", None, "accumulating_gradients", 1
 
 

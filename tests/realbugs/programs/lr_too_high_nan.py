@@ -18,6 +18,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/karpathy/nanoGPT/issues/136; https://github.com/BobLiu20/FaceRecognition_PyTorch/issues/2"
+CLASS = "learning rate far too high"
 KIND, MODULE, CAUSE, ONSET = "non_finite", None, "learning_rate", 0
 
 

@@ -17,6 +17,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "TrainCheck stackoverflow-60335387, https://github.com/OrderLab/TrainCheck/blob/main/bugs.md"
+CLASS = "gradients accumulate across steps (zero_grad missing)"
 KIND, MODULE, CAUSE, ONSET = "missing_zero_grad", None, "accumulating_gradients", 1
 
 

@@ -17,6 +17,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/deepset-ai/FARM/issues/229"
+CLASS = "loss input and target broadcast to a larger shape"
 KIND, MODULE, CAUSE, ONSET = "loss_broadcast", None, None, 0
 
 

@@ -16,6 +16,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "TrainCheck PT-FORUM-84911, https://github.com/OrderLab/TrainCheck/blob/main/bugs.md"
+CLASS = "optimizer holds only frozen parameters"
 KIND, MODULE, CAUSE, ONSET = "no_update", "backbone", None, 0
 
 

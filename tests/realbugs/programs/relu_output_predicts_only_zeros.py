@@ -18,6 +18,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/jvargasmu/population_estimation/issues/68; https://github.com/keras-team/keras/issues/7057"
+CLASS = "dead ReLU"
 KIND, MODULE, CAUSE, ONSET = "dead_relu", "", None, 0
 
 

@@ -16,6 +16,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/yudi-mars/daisyRec/pull/15; https://github.com/cvg/glue-factory/issues/89"
+CLASS = "probabilities fed to a loss that expects logits"
 KIND, MODULE, CAUSE, ONSET = "probabilities_as_logits", "", None, 0
 
 

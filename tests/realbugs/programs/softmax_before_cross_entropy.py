@@ -17,6 +17,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://openillumi.com/en/en-pytorch-crossentropy-logits-nllloss-mechanism; UMLAUT (CHI 2021)"
+CLASS = "probabilities fed to a loss that expects logits"
 KIND, MODULE, CAUSE, ONSET = "probabilities_as_logits", "3", None, 0
 
 

@@ -18,6 +18,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/pytorch/pytorch/issues/1760; https://github.com/isayev/ReLeaSE/issues/39"
+CLASS = "graph cut between the model and the loss"
 KIND, MODULE, CAUSE, ONSET = "no_gradient", "", None, 0
 
 

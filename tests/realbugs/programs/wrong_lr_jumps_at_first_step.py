@@ -16,6 +16,7 @@ from torch import nn
 import torch_sentinel
 
 SOURCE = "https://github.com/juntang-zhuang/LadderNet/issues/1"
+CLASS = "learning rate far too high"
 KIND, MODULE, CAUSE, ONSET = "diverging", None, None, 1
 
 

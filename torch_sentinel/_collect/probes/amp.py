@@ -8,18 +8,29 @@ scaler found inf/NaN and skipped) is reported to the collector, which closes the
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any, Optional
 
 import torch
 
+from ..._record import Fact, StepRecord
 from ..probe import Probe, ProbeHost
 
-__all__ = ["AmpProbe"]
+__all__ = ["AmpProbe", "LossScale"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScale(Fact):
+    """The ``GradScaler`` scale the step's loss was multiplied by (AMP steps only; whether the
+    scaler skipped the step is ``meta.amp_skipped``)."""
+
+    scale: float
 
 
 class AmpProbe(Probe):
     name = "amp"
+    publishes = (LossScale,)
 
     def __init__(self) -> None:
         self._pending: Optional[tuple[weakref.ref[torch.Tensor], torch.Tensor, Any]] = None
@@ -29,6 +40,7 @@ class AmpProbe(Probe):
     def setup(self, host: ProbeHost) -> None:
         self.host = host
         self._scale_slot = host.ledger.block("misc").index("amp_scale")
+        host.provide(LossScale, _loss_scale)
 
     def on_scale(self, scaler: Any, outputs: Any, result: Any) -> None:
         """``scaler.scale(outputs)`` returned ``result``: remember which loss it scaled."""
@@ -74,3 +86,9 @@ class AmpProbe(Probe):
 
     def close(self) -> None:
         self._pending = None
+
+
+def _loss_scale(record: StepRecord) -> Optional[LossScale]:
+    if not record.meta.amp or not record.has("misc"):
+        return None
+    return LossScale(record.value("misc", "amp_scale"))

@@ -29,21 +29,17 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..._record import StepRecord
 from ..patches import patch_for
 from ..probe import Probe, ProbeHost
-from ..records import StepRecord
 
-__all__ = ["CLIPPED", "ClipProbe", "preclip_grad_norms"]
-
-#: ``meta.extra`` key: the loop clipped gradients of this model in the step.
-CLIPPED = "clipped"
+__all__ = ["ClipProbe", "preclip"]
 
 
-def preclip_grad_norms(record: StepRecord) -> np.ndarray:
-    """Per-parameter gradient norms before clipping (float64; the norms at the optimizer step
-    where nothing clipped them)."""
-    grads = record.array("grad_norm").astype(np.float64)
-    if not record.meta.extra.get(CLIPPED) or not record.has("clip_coef"):
+def preclip(record: StepRecord, grads: np.ndarray) -> np.ndarray:
+    """``grads`` (the per-parameter norms at the optimizer step, float64) as they were before
+    the step's clip calls: unchanged where the loop did not clip."""
+    if not record.meta.clipped or not record.has("clip_coef"):
         return grads
     coef = record.array("clip_coef").astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -118,7 +114,7 @@ class ClipProbe(Probe):
             else:
                 index = self._index_for(slots)
                 row.index_copy_(0, index, row.index_select(0, index) * coef)
-        host.meta.extra[CLIPPED] = True
+        host.meta.clipped = True
 
     def _index_for(self, slots: tuple[int, ...]) -> torch.Tensor:
         index: Optional[torch.Tensor] = self._index_cache.get(slots)

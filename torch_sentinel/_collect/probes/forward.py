@@ -13,23 +13,43 @@ non-finite inputs (functional code of the caller), or the module itself.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
+from ..._record import Fact, StepRecord
+from ..._record.fault import Fault
 from ..cadence import sampled
-from ..faults import Fault, weight_fault
 from ..probe import Probe, ProbeHost
 from ..tensors import VALUE_PRESERVING, all_finite, iter_tensors, reducible, tensor_evidence
 
-__all__ = ["ForwardProbe"]
+__all__ = ["Activations", "ForwardProbe"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Activations(Fact):
+    """The range of every module's output in the step, as a pair per module: (-|x|max, |x|max)
+    on eager steps (true min and max under torch.compile). A module that did not run, or was not
+    reduced this step, has ``lo > hi``."""
+
+    modules: Sequence[str]
+    lo: np.ndarray
+    hi: np.ndarray
+
+    def absmax(self) -> np.ndarray:
+        """Largest |output| per module (float64; NaN where the module was not reduced)."""
+        lo, hi = self.lo.astype(np.float64), self.hi.astype(np.float64)
+        return np.where(hi >= lo, np.maximum(np.abs(lo), np.abs(hi)), np.nan)
 
 
 class ForwardProbe(Probe):
     name = "forward"
+    publishes = (Activations,)
 
     def setup(self, host: ProbeHost) -> None:
         self.host = host
@@ -37,6 +57,7 @@ class ForwardProbe(Probe):
         self.checked = [not isinstance(m, VALUE_PRESERVING) for _, m in host.map.modules]
         #: Set when a rerun of the forward localised a fault (``Collector.rerun_forward``).
         self.localised = False
+        host.provide(Activations, _activations)
 
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
         # Value-preserving modules are not even called (one Python call less per module).
@@ -88,22 +109,19 @@ class ForwardProbe(Probe):
             if not all_finite(p):
                 # Finite inputs, non-finite weights: the previous optimizer step made them.
                 qual = f"{name}.{pname}" if name else pname
-                fault = weight_fault(host.step, name, qual, None, tensor_evidence(p))
-                fault.detail["located_by"] = located_by
-                host.on_fault(fault)
+                host.on_fault(Fault.weights(host.step, name, qual, evidence=tensor_evidence(p),
+                                            located_by=located_by))
                 return
-        inputs_finite = True
-        for a in iter_tensors(args):
-            if reducible(a) and not all_finite(a):
-                inputs_finite = False
-                break
-        detail: dict[str, Any] = {"module_type": type(module).__name__, "inputs_finite": inputs_finite,
-                                  "located_by": located_by}
-        if not inputs_finite:
-            # The input went bad in functional code between submodules: blame the caller, and
-            # name the caller's type (not the child's) next to the caller's name.
-            detail["first_nonfinite_output_of"] = name
-            detail["first_nonfinite_output_type"] = detail["module_type"]
-            name = name.rpartition(".")[0] if name else name
-            detail["module_type"] = host.map.type_of(name)
-        host.on_fault(Fault(host.step, "forward", name, tensor_evidence(t), detail))
+        inputs_finite = all(all_finite(a) for a in iter_tensors(args) if reducible(a))
+        # Non-finite inputs went bad in functional code between submodules: blame the caller,
+        # and name the caller's type (not the child's) next to the caller's name.
+        caller = name.rpartition(".")[0] if name else name
+        host.on_fault(Fault.forward(host.step, name, tensor_evidence(t), type(module).__name__,
+                                    caller=None if inputs_finite else (caller, host.map.type_of(caller)),
+                                    inputs_finite=inputs_finite, located_by=located_by))
+
+
+def _activations(record: StepRecord) -> Optional[Activations]:
+    if not record.has("act.min"):
+        return None
+    return Activations(record.keys("act.min"), record.array("act.min"), record.array("act.max"))

@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 import torch
 
-from ..faults import Fault
+from ..._record import StepMeta, StepRecord
+from ..._record.fault import Fault
 from ..probe import Probe, ProbeHost
-from ..records import StepMeta, StepRecord
 from ..tensors import tensor_evidence
 from ..transfer import read_now
 
@@ -45,7 +45,7 @@ class LossProbe(Probe):
         self.pending.add_(loss.detach().reshape(()))
         self.pending_calls += 1
         if host.immediate and not host.meta.loss_explicit and not self._pending_finite():
-            host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {}))
+            host.on_fault(Fault.loss(host.step, tensor_evidence(loss)))
 
     def _fit(self) -> None:
         """The pending sum in the row's dtype (float64 once a float64 loss was seen)."""
@@ -65,7 +65,7 @@ class LossProbe(Probe):
         self._scratch.copy_(loss.detach().reshape(()))
         view = self._scratch_view
         if not math.isfinite(float(view) if view is not None else read_now(self._scratch)):
-            host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {}))
+            host.on_fault(Fault.loss(host.step, tensor_evidence(loss)))
 
     def _pending_finite(self) -> bool:
         view = self._pending_view
@@ -96,7 +96,7 @@ class LossProbe(Probe):
         host.ledger.views[i].add_(loss.detach().reshape(()))
         host.meta.loss_explicit = True
         if host.immediate and not host.finite(i):
-            host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {"explicit": True}))
+            host.on_fault(Fault.loss(host.step, tensor_evidence(loss), "explicit"))
 
     def observe_validation(self, loss: Any) -> None:
         meta = self.host.meta

@@ -8,25 +8,85 @@ their total norm goes into ``misc.stale_grad_norm``.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import warnings
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 import torch
 
+from ..._record import Fact, StepRecord
 from .. import batch
 from ..cadence import sampled
 from ..ledger import FLOAT_MAX
+from ..norm_groups import GroupPlan, dense_grads
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
 from ..tensors import NATIVE_DTYPES, all_finite, foreach_norms, materialized, reduces
+from .clip import preclip
 
-__all__ = ["NormsProbe"]
+__all__ = ["GradNorms", "NormsProbe", "StaleGradients", "WeightNorms"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GradNorms(Fact):
+    """The L2 norm of each watched parameter's gradient at the optimizer step, **before**
+    clipping (what ``clip_grad_norm_`` saw; unscaled under AMP once the scaler unscaled them)."""
+
+    #: Parameter names, in the order of ``values`` (model parameters, then optimizer-only ones).
+    names: Sequence[str]
+    #: float64; 0 for a parameter without a gradient (see ``missing``).
+    values: np.ndarray
+    #: The norms after the step's clip calls, where the loop clipped (else None).
+    clipped: Optional[np.ndarray]
+    #: Parameters that had no ``.grad`` at the step.
+    missing: tuple[str, ...]
+    #: Parameters that did not require grad at the step.
+    frozen: tuple[str, ...]
+
+    def by_name(self) -> dict[str, float]:
+        return dict(zip(self.names, self.values.tolist()))
+
+    @property
+    def at_step(self) -> np.ndarray:
+        """The norms the optimizer step saw: after the step's clip calls, where there were any."""
+        return self.clipped if self.clipped is not None else self.values
+
+    @property
+    def total(self) -> float:
+        """The global norm over every parameter (what a clip over the whole model saw)."""
+        return float(np.sqrt((self.values**2).sum()))
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightNorms(Fact):
+    """The L2 norm of each watched weight as the optimizer step found it (the previous step's
+    result), on the steps that read them (``cadence.py``; every step in deferred mode)."""
+
+    names: Sequence[str]
+    #: float64.
+    values: np.ndarray
+
+    def by_name(self) -> dict[str, float]:
+        return dict(zip(self.names, self.values.tolist()))
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleGradients(Fact):
+    """Gradients already present at the step's first backward: they were not cleared since
+    the previous step."""
+
+    #: How many parameters held a gradient.
+    count: int
+    #: Their total L2 norm.
+    norm: float
 
 
 class NormsProbe(Probe):
     name = "norms"
+    publishes = (GradNorms, WeightNorms, StaleGradients)
 
     def __init__(self, update_every: int = 0) -> None:
         self.update_every = update_every
@@ -51,7 +111,10 @@ class NormsProbe(Probe):
         #: the per-op strategy is in use (accelerators, and FUSED_ON_CPU, count kernel launches:
         #: there one _foreach_norm is one launch).
         self._grouping = self._same_device and host.device.type == "cpu" and not batch.FUSED_ON_CPU
-        self._group_plans_cache: dict[int, _GroupPlan] = {}
+        self._group_plans_cache: dict[int, GroupPlan] = {}
+        host.provide(GradNorms, _grad_norms)
+        host.provide(WeightNorms, _weight_norms)
+        host.provide(StaleGradients, _stale_gradients)
 
     # -- events ---------------------------------------------------------------------------
     def on_backward(self, loss: torch.Tensor) -> None:
@@ -60,7 +123,7 @@ class NormsProbe(Probe):
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         host = self.host
-        grads = _dense_grads(host.param_tensors)
+        grads = dense_grads(host.param_tensors)
         if self._weights_due():
             weights: list[Optional[torch.Tensor]] = [
                 p.detach() if materialized(p) else None for p in host.param_tensors
@@ -80,7 +143,7 @@ class NormsProbe(Probe):
         """Gradients already present before a step's first backward were not cleared."""
         host = self.host
         # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
-        stale = [local(g) for g in _dense_grads(host.param_tensors) if g is not None]
+        stale = [local(g) for g in dense_grads(host.param_tensors) if g is not None]
         host.meta.stale_grads = len(stale)
         stale = [g for g in stale if reduces(g.dtype, g.device)]
         if stale and host.step > 0:
@@ -183,11 +246,11 @@ class NormsProbe(Probe):
         plans = self._group_plans_cache
         plan = plans.get(len(tensors))
         if plan is None:
-            plan = plans[len(tensors)] = _GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
+            plan = plans[len(tensors)] = GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
         try:
             plan.run(tensors, dest)
         except RuntimeError:
-            plan = plans[len(tensors)] = _GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
+            plan = plans[len(tensors)] = GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
             plan.run(tensors, dest)
 
     def _skip(self, tensors: list[Optional[torch.Tensor]], indices: list[int]) -> None:
@@ -277,58 +340,28 @@ class NormsProbe(Probe):
         return True
 
 
-#: Tensors up to this many elements are normed in stacked groups of one shape on CPU (far
-#: below the 32,768-element grain at which a CPU reduction is split across threads).
-_GROUP_MAX_NUMEL = 1024
-#: A group smaller than this is left to _foreach_norm (a stack costs a few norms' dispatch).
-_GROUP_MIN = 4
-
-
-class _GroupPlan:
-    """Which tensors of a fixed list of shapes go to _foreach_norm and which are stacked, by shape."""
-
-    def __init__(self, sizes: tuple[torch.Size, ...], device: torch.device) -> None:
-        self.sizes = sizes
-        by_shape: dict[torch.Size, list[int]] = {}
-        for i, shape in enumerate(sizes):
-            if 0 < shape.numel() <= _GROUP_MAX_NUMEL:
-                by_shape.setdefault(shape, []).append(i)
-        grouped = {i for members in by_shape.values() if len(members) >= _GROUP_MIN for i in members}
-        self.big = [i for i in range(len(sizes)) if i not in grouped]
-        self.big_index = torch.tensor(self.big, dtype=torch.long, device=device)
-        self.groups = [(members, torch.tensor(members, dtype=torch.long, device=device))
-                       for members in by_shape.values() if len(members) >= _GROUP_MIN]
-
-    def run(self, tensors: list[torch.Tensor], dest: torch.Tensor) -> None:
-        if self.big:
-            norms = torch.stack(torch._foreach_norm([tensors[i] for i in self.big]))
-            dest.index_copy_(0, self.big_index, norms.to(dest.dtype))
-        for members, index in self.groups:
-            rows = torch.stack([tensors[i] for i in members]).view(len(members), -1)
-            dest.index_copy_(0, index, torch.linalg.vector_norm(rows, dim=1).to(dest.dtype))
-
-
-_GRAD = operator.attrgetter("grad")
 _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
-_IS_SPARSE = operator.attrgetter("is_sparse")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _FLOAT32 = {torch.float32}
 
 
-def _dense_grads(params: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
-    """The ``.grad`` of each parameter, sparse ones as their values (see :func:`_dense`)."""
-    grads: list[Optional[torch.Tensor]] = list(map(_GRAD, params))
-    present = [g for g in grads if g is not None]
-    if any(map(_IS_SPARSE, present)):
-        return [_dense(g) for g in grads]
-    return grads
+def _grad_norms(record: StepRecord) -> Optional[GradNorms]:
+    if not record.has("grad_norm") or not record.meta.backward_calls:
+        return None
+    at_step = record.array("grad_norm").astype(np.float64)
+    meta = record.meta
+    return GradNorms(record.keys("grad_norm"), preclip(record, at_step),
+                     at_step if meta.clipped else None, meta.grad_missing, meta.frozen)
 
 
-def _dense(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The values of a sparse gradient (``nn.Embedding(sparse=True)``), whose L2 norm is the
-    gradient's: ``_foreach_norm`` takes dense tensors only. Coalescing sums the entries of
-    repeated indices first; it runs only for sparse gradients."""
-    if grad is not None and grad.is_sparse:
-        return grad.coalesce()._values()
-    return grad
+def _weight_norms(record: StepRecord) -> Optional[WeightNorms]:
+    if not record.meta.weights_recorded or not record.has("param_norm"):
+        return None
+    return WeightNorms(record.keys("param_norm"), record.array("param_norm").astype(np.float64))
+
+
+def _stale_gradients(record: StepRecord) -> Optional[StaleGradients]:
+    if not record.meta.stale_grads:
+        return None
+    return StaleGradients(record.meta.stale_grads, record.value("misc", "stale_grad_norm"))

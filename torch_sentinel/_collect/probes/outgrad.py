@@ -10,21 +10,41 @@ them (``meta.bwd_order``) localises a non-finite gradient to the module whose ba
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Optional
 
+import numpy as np
 import torch
 
+from ..._record import Fact, StepRecord
+from ..._record.fault import Fault
 from ..cadence import sampled
-from ..faults import Fault
 from ..probe import Probe, ProbeHost
 from ..tensors import STANDARD_LAYERS, tensor_evidence
 
-__all__ = ["OutputGradProbe"]
+__all__ = ["OutputGradProbe", "OutputGradients"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputGradients(Fact):
+    """The range of the gradient arriving at each watched module output in backward, as
+    (-|g|max, |g|max) per module (``lo > hi`` where none arrived or it was not reduced)."""
+
+    modules: Sequence[str]
+    lo: np.ndarray
+    hi: np.ndarray
+    #: Module slots in the order backward reached them.
+    backward_order: Sequence[int]
+    #: Every module output's gradient was reduced in this step (sampled steps); otherwise only
+    #: those that feed custom modules, functional code or the loss.
+    complete: bool
 
 
 class OutputGradProbe(Probe):
     name = "outgrad"
+    publishes = (OutputGradients,)
 
     def setup(self, host: ProbeHost) -> None:
         self.host = host
@@ -34,6 +54,7 @@ class OutputGradProbe(Probe):
         self._is_leaf = [next(iter(m.children()), None) is None for m in modules]
         #: Whether each module's output gradient is reduced outside the steps that watch all.
         self.watch = [True] * len(modules)
+        host.provide(OutputGradients, _output_gradients)
 
     @staticmethod
     def watch_all_due(step: int) -> bool:
@@ -72,12 +93,15 @@ class OutputGradProbe(Probe):
         host = self.host
         if not host.meta.amp:
             names = host.module_names
-            culprit: Optional[str] = None
-            if previous is None:
-                detail = {"incoming_to": names[slot], "source": "loss backward"}
-            else:
-                culprit = names[previous]
-                detail = {"incoming_to": names[slot], "source": "module backward"}
-            detail["located_by"] = (f"first non-finite output gradient in backward order among the batched "
-                                    f"checks of step {host.step}")
-            host.on_fault(Fault(host.step, "gradients", culprit, tensor_evidence(grad), detail))
+            host.on_fault(Fault.output_gradient(
+                host.step, names[slot], names[previous] if previous is not None else None, tensor_evidence(grad),
+                located_by=f"first non-finite output gradient in backward order among the batched checks of "
+                           f"step {host.step}"))
+
+
+def _output_gradients(record: StepRecord) -> Optional[OutputGradients]:
+    if not record.has("outgrad.min"):
+        return None
+    meta = record.meta
+    return OutputGradients(record.keys("outgrad.min"), record.array("outgrad.min"),
+                           record.array("outgrad.max"), meta.bwd_order, meta.outgrad_complete)

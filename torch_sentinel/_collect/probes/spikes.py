@@ -22,13 +22,16 @@ transforms its head's output; the id's two (max, copy into the slot).
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Iterable
 from typing import Any, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
+from ..._record import Fact, StepRecord
 from ..attention_logits import AttentionLogits, attention_modules
 from ..ledger import FLOAT_MAX
 from ..probe import Probe, ProbeHost
@@ -36,11 +39,36 @@ from ..spike_ring import RingLayout, SpikeRing, unit_layout
 from ..spike_stats import mean_logsumexp
 from ..tensors import materialized
 
-__all__ = ["SPIKE_ATTN", "SPIKE_INPUT", "SPIKE_OUT", "SpikeProbe"]
+__all__ = ["SPIKE_ATTN", "SPIKE_INPUT", "SPIKE_OUT", "SpikeForward", "SpikeProbe"]
 
 SPIKE_ATTN = "spike_attn"
 SPIKE_OUT = "spike_out"
 SPIKE_INPUT = "spike_input"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpikeForward(Fact):
+    """The forward's figures of one step for the spike forensics (nan where not seen): each
+    attention module's largest logit (in the order of ``SpikeProbe.layout.attention``), the
+    output logits' log-sum-exp, and the largest integer input (a token id)."""
+
+    attention: np.ndarray
+    output_lse: float
+    ids_max: float
+
+
+def _slot(value: float) -> float:
+    """A row slot as a number: the untouched initial values (+-float32 max) are nan."""
+    return float("nan") if not np.isfinite(value) or abs(value) >= FLOAT_MAX else float(value)
+
+
+def _forward_figures(record: StepRecord) -> Optional[SpikeForward]:
+    if not record.has(SPIKE_INPUT):
+        return None
+    attention = record.array(SPIKE_ATTN).astype(np.float64) if record.has(SPIKE_ATTN) else np.zeros(0)
+    attention = np.where(np.abs(attention) >= FLOAT_MAX, np.nan, attention)
+    lse = _slot(record.value(SPIKE_OUT, "lse")) if record.has(SPIKE_OUT) else float("nan")
+    return SpikeForward(attention, lse, _slot(record.value(SPIKE_INPUT, "ids_max")))
 
 
 def lr_keys(optimizers: list[torch.optim.Optimizer]) -> dict[int, str]:
@@ -57,6 +85,8 @@ def lr_keys(optimizers: list[torch.optim.Optimizer]) -> dict[int, str]:
 
 class SpikeProbe(Probe):
     name = "spikes"
+    publishes = (SpikeForward,)
+    live_attributes = frozenset({"host", "ring", "layout", "_heads", "_attention", "_head_output"})
 
     def __init__(self, steps: int = 32) -> None:
         self.steps = steps
@@ -89,6 +119,7 @@ class SpikeProbe(Probe):
         if self.vocab:
             self._lse = ledger.add_block(SPIKE_OUT, ["lse"], -FLOAT_MAX).start
         self._ids = ledger.add_block(SPIKE_INPUT, ["ids_max"], -FLOAT_MAX).start
+        host.provide(SpikeForward, _forward_figures)
         if host.sharded:
             return  # local shards' norms are not the parameters' (see README Limitations)
         self.ring = SpikeRing(host.device, host.optimizers, host.param_tensors, self.steps)

@@ -1,5 +1,5 @@
 """Host facts of each optimizer step: the learning rate of every param group, and (with several
-optimizers) which of them stepped in the row: ``meta.extra["stepped"]``, their indices."""
+optimizers) which of them stepped in the row (``meta.stepped``, their indices)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,7 @@ class StepProbe(Probe):
             meta.lr_names.extend(str(g.get("name", f"group{i}")) for i, g in enumerate(optimizer.param_groups))
         else:
             k = optimizers.index(optimizer)
-            # A generator stepping once per five critic steps leaves rows where its weights
-            # do not move by design: detectors judge a parameter only in its optimizer's rows.
-            meta.extra.setdefault("stepped", []).append(k)
+            meta.stepped.append(k)
             meta.lr_names.extend(f"opt{k}.{g.get('name', f'group{i}')}" for i, g in enumerate(optimizer.param_groups))
 
 

@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Optional
 
+import numpy as np
 import torch
 
+from ..._record import Fact, StepRecord
 from ..probe import Probe, ProbeHost
 from ..tensors import nbytes, reduces
 from .norms import NormsProbe
 
-__all__ = ["KEEP_UPDATE_COPY_BYTES", "UpdateProbe"]
+__all__ = ["KEEP_UPDATE_COPY_BYTES", "UpdateNorms", "UpdateProbe"]
 
 #: Parameter copies for exact update norms are kept between sampled steps up to this size.
 KEEP_UPDATE_COPY_BYTES = 256 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateNorms(Fact):
+    """The exact ``||W_after - W_before||`` of each watched parameter, on the steps whose update
+    was sampled (every ``update_every`` steps, from a copy of the weights)."""
+
+    names: Sequence[str]
+    #: float64.
+    values: np.ndarray
+
+    def by_name(self) -> dict[str, float]:
+        return dict(zip(self.names, self.values.tolist()))
+
+
 class UpdateProbe(Probe):
     name = "updates"
+    publishes = (UpdateNorms,)
 
     def __init__(self, norms: NormsProbe) -> None:
         self.norms = norms
@@ -35,6 +53,7 @@ class UpdateProbe(Probe):
         self.block = host.ledger.add_block("update_norm", [n for n, _ in host.params])
         # Lazy parameters count as 0 until they materialise (they have no size yet).
         self.copy_bytes = sum(nbytes(p) for p in host.param_tensors)
+        host.provide(UpdateNorms, _update_norms)
 
     def _watched(self) -> list[torch.Tensor]:
         """The parameters whose updates can be measured: a dtype torch cannot subtract or
@@ -80,3 +99,9 @@ class UpdateProbe(Probe):
     def close(self) -> None:
         self._shadow = None
         self._kept_shadow = None
+
+
+def _update_norms(record: StepRecord) -> Optional[UpdateNorms]:
+    if not record.meta.updates_sampled or not record.has("update_norm"):
+        return None
+    return UpdateNorms(record.keys("update_norm"), record.array("update_norm").astype(np.float64))

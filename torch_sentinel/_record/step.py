@@ -1,15 +1,19 @@
-"""Host-side records: plain numbers describing one optimizer step. Never a live tensor."""
+"""The host side of one optimizer step: what is known about it without reading the device.
+
+A :class:`StepMeta` is created when its step opens (``_collect/open_step.py``), filled by the
+probes while the step runs (plain Python values only, never a live tensor), and sealed with the
+step's row of device slots into a :class:`~torch_sentinel._record.record.StepRecord` once the
+row reaches the host.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Optional
 
-import numpy as np
+from .fact import Fact
 
-from .ledger import SlotRange
-
-__all__ = ["StepMeta", "StepRecord", "TensorEvidence", "shape_and_dtype"]
+__all__ = ["StepMeta", "TensorEvidence", "shape_and_dtype"]
 
 
 def shape_and_dtype(entry: Optional[tuple[Any, Any]]) -> tuple[Optional[tuple[int, ...]], Optional[str]]:
@@ -25,6 +29,9 @@ class StepMeta:
     """What the host knows about a step without reading the device."""
 
     step: int
+    #: Rows closed before this one: consecutive, where ``step`` follows a framework's numbering
+    #: (Lightning's manual optimization with two optimizers numbers steps 0, 2, 4, ...).
+    row: int = 0
     backward_calls: int = 0
     forward_calls: int = 0
     loss_explicit: bool = False
@@ -51,10 +58,26 @@ class StepMeta:
     #: Parameters whose gradient or weight L2 norm overflowed float32 although every value was
     #: finite (confirmed exactly on CPU); their slot holds float32's max instead of +inf.
     norm_overflow: list[str] = dataclasses.field(default_factory=list)
+    #: The loop clipped this model's gradients in the step (``clip_grad_norm_``).
+    clipped: bool = False
+    #: With several optimizers: the indices of those that stepped in this row. A generator
+    #: stepping once per five critic steps leaves rows where its weights do not move by
+    #: design, so detectors judge a parameter only in its optimizer's rows.
+    stepped: list[int] = dataclasses.field(default_factory=list)
     validation: Optional[float] = None
     validation_on_device: bool = False
-    #: Free-form host facts added by detectors' taps (plain values only).
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The step was abandoned mid-way (a fault raised before ``optimizer.step()``): the record
+    #: holds what the step saw up to the fault, and its gradients were never read.
+    partial: bool = False
+    #: Facts the probes published on the host during the step, by type (see ``fact.py``).
+    facts: dict[type[Fact], Fact] = dataclasses.field(default_factory=dict)
+    #: Device facts whose slots the probes wrote in this step's row (decoded once it landed;
+    #: a fact a probe writes only on some steps is absent from the others).
+    in_row: set[type[Fact]] = dataclasses.field(default_factory=set)
+
+    def publish(self, fact: Fact) -> None:
+        """Attach ``fact`` to this step (one fact per type: a later one replaces it)."""
+        self.facts[type(fact)] = fact
 
 
 @dataclasses.dataclass
@@ -68,53 +91,3 @@ class TensorEvidence:
     neginf: Optional[int] = None
     min: Optional[float] = None
     max: Optional[float] = None
-
-
-class StepRecord:
-    """One step's slots copied to the host, with the step's host-side meta."""
-
-    __slots__ = ("blocks", "meta", "values")
-
-    def __init__(self, meta: StepMeta, values: np.ndarray, blocks: dict[str, SlotRange]) -> None:
-        self.meta = meta
-        self.values = values
-        self.blocks = blocks
-
-    @property
-    def step(self) -> int:
-        return self.meta.step
-
-    def has(self, name: str) -> bool:
-        return name in self.blocks
-
-    def array(self, name: str) -> np.ndarray:
-        b = self.blocks[name]
-        return self.values[b.start : b.stop]
-
-    def keys(self, name: str) -> list[str]:
-        return self.blocks[name].keys
-
-    def mapping(self, name: str) -> dict[str, float]:
-        b = self.blocks[name]
-        return dict(zip(b.keys, self.values[b.start : b.stop].tolist()))
-
-    def value(self, name: str, key: str) -> float:
-        b = self.blocks[name]
-        return float(self.values[b.index(key)])
-
-    @property
-    def loss(self) -> Optional[float]:
-        """The training loss of this step: the explicit one when given, else the sum of the
-        losses that ``backward()`` was called on (so ``(loss / k).backward()`` over k
-        micro-batches records the mean)."""
-        if self.meta.loss_explicit:
-            return self.value("loss", "explicit")
-        if self.meta.backward_calls:
-            return self.value("loss", "auto")
-        return None
-
-    @property
-    def validation(self) -> Optional[float]:
-        if self.meta.validation_on_device:
-            return self.value("loss", "validation")
-        return self.meta.validation
