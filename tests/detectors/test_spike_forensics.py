@@ -68,9 +68,11 @@ def test_a_weight_moved_by_its_own_update_is_not_corrupted(rng: np.random.Genera
 def test_a_bad_batch_moves_every_gradient_at_the_spike_step_and_nothing_before(rng: np.random.Generator) -> None:
     w = window(rng)
     w.stats["grad"][SPIKE, :] *= 30
+    w.inputs = np.tile([0.0, 127.0], (T, 1))
+    w.inputs[SPIKE] = [0.0, 255.0]  # a byte the text never had
     v = attribute(w)
     assert v.cause == "bad_batch" and v.lead_steps == 0
-    assert v.figures["share"] == 1.0
+    assert v.figures["share"] == 1.0 and v.figures["inputs_out_of_range"] is True
 
 
 def test_a_group_learning_rate_jump_names_the_group_a_step_before(rng: np.random.Generator) -> None:

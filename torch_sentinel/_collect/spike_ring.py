@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .spike_stats import stacked_norms
+from .spike_stats import stacked_norms, stacked_sums
 from .tensors import materialized, nbytes, reduces
 from .transfer import AsyncFetch
 
@@ -184,7 +184,7 @@ class SpikeRing:
         first = 0 if have_update else 1
         stacked_norms(l2, 2, out=row[first : first + len(l2) // n])
         if state is not None:
-            stacked_norms(state[1], 1, out=row[3])
+            stacked_sums(state[1], out=row[3])
         self.row_steps[id(optimizer)][step % self.steps] = step
 
     def read(self) -> tuple[np.ndarray, dict[int, np.ndarray]]:

@@ -293,6 +293,23 @@ def _deviation_at(window: SpikeWindow, stat: str, unit: int, t: int) -> float:
     return float((y[t] - med) / spread)
 
 
+def _inputs_outside(window: SpikeWindow) -> Optional[bool]:
+    """Whether the spike step's inputs (smallest and largest value, or largest token id) left
+    the range the window's earlier steps spanned; None when not recorded."""
+    x = window.inputs
+    spike = window.spike_index
+    if x is None or spike == 0:
+        return None
+    before, now = x[:spike], x[spike]
+    known = []
+    for column, beyond in ((0, np.less), (1, np.greater)):
+        past = before[:, column][np.isfinite(before[:, column])]
+        if len(past) and np.isfinite(now[column]):
+            edge = past.min() if column == 0 else past.max()
+            known.append(bool(beyond(now[column], edge)))
+    return any(known) if known else None
+
+
 def _logit_cause(window: SpikeWindow, first: Mover) -> tuple[str, dict[str, object], str]:
     y = window.series(first.stat, first.index)
     before, at = float(y[max(first.onset - 1, 0)]), float(y[window.spike_index])
@@ -320,9 +337,12 @@ def _cause_of(window: SpikeWindow, first: Mover, ranked: list[Mover]) -> tuple[s
         jumped = sum(1 for m in ranked if m.stat == "grad" and m.lead_steps == 0)
         share = jumped / n_units if n_units else 0.0
         if share >= BATCH_SHARE:
-            return "bad_batch", {"units_jumped": jumped, "units": n_units, "share": share}, (
+            outside = _inputs_outside(window)
+            seen = "; its inputs left the range of the steps before" if outside else ""
+            return "bad_batch", {"units_jumped": jumped, "units": n_units, "share": share,
+                                 "inputs_out_of_range": outside}, (
                 f"the gradients of {jumped} of {n_units} units jumped together at the spike step, "
-                "and nothing moved before it")
+                f"and nothing moved before it{seen}")
         return "unknown", {"units_jumped": jumped, "units": n_units}, "nothing moved before the spike step"
     if first.stat in _LOGITS:
         return _logit_cause(window, first)

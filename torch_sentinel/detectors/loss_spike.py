@@ -97,7 +97,10 @@ class LossSpikeDetector(Detector):
         return (self.probe,)
 
     def statistics(self) -> dict[str, float]:
-        return {"spikes": float(self.spikes), "z": self.watch.last_z}
+        stats = {"spikes": float(self.spikes)}
+        if math.isfinite(self.watch.last_z):
+            stats["z"] = self.watch.last_z  # the latest loss's robust z (after the warm-up)
+        return stats
 
     def update(self, record: StepRecord) -> None:
         if self.ctx.adversarial():
