@@ -1,38 +1,24 @@
-"""Who moved first before a loss spike, and why: pure host functions over the ring's numbers.
+"""Why a loss spiked: the cause the first mover's figures support (pure host functions).
 
-Input: a :class:`SpikeWindow`, the per-unit series of the steps around a spike (a unit is a
-module, or a module's parameters in one optimizer param group when they are split across
-groups). Output: a :class:`SpikeVerdict`.
-
-**Who moved first.** Each series is compared with its own baseline, the first steps of the
-window: norms in log space (they move by factors), logits as they are. A series *left its
-baseline* at the first step where it is ``DEPART`` robust deviations above it; the onset is
-walked back over the steps just before that were already ``RISING`` deviations above (a climb
-that builds over several steps starts where it started, not where it crossed the bar). A unit's
-lead is the spike step minus its earliest onset; units are ranked by lead, then, within a
-step, in the order a step computes (the forward's logits, the gradients, the update), then by
-how far they went. ``score = lead + d / (d + DEPART)`` for a peak deviation ``d``: its integer part is how
-early, its fraction how far.
-
-**Why** (first rule that holds, in this order):
+The first mover comes from ``_spike_movers.py``; then the first rule that holds, in this order:
 
 - ``corrupted_weight``: a weight's norm changed by more than its update norm allows (the
   triangle inequality bounds ``| ||W_t|| - ||W_t-1|| |`` by ``||W_t - W_t-1||``, the update),
   by at least ``CORRUPT_JUMP`` of itself: something other than the optimizer wrote it.
 - ``bad_batch``: nothing moved before the spike step, and at that step the gradients of at
   least ``BATCH_SHARE`` of the units left their baselines together (whether the inputs left
-  their usual range is reported beside it). Logits that left their baseline only at the spike
-  step, with fewer gradients moving, name their own cause below: a climb that builds fast
-  crosses the bar with the loss.
+  the range of the steps before is reported beside it). Logits that left their baseline only at
+  the spike step, with fewer gradients moving, name their own cause below: a climb that builds
+  fast crosses the bar with the loss.
 - by what the first mover moved first: its largest attention logit, or a part of an attention
   module whose largest logit left its baseline by the spike (``attention_logits``: the
-  projections' gradients answer to the logits, and can cross their bar first);
-  the output logits' log-sum-exp (``output_logits``); its update, with its param group's
-  learning rate changed by ``LR_JUMP`` or more (``learning_rate``); its gradient coming back
-  from near zero (``RETURN_JUMP`` times its baseline or more) into a second moment that had decayed: the
-  squared gradient norm is ``DECAYED_V`` or more times the sum of ``exp_avg_sq``, which it
-  matches in a steady state (``adam_second_moment``); its update jumping while its gradient
-  stayed within ``RISING`` deviations (``learning_rate``).
+  projections' gradients answer to the logits, and can cross their bar first); the output
+  logits' log-sum-exp (``output_logits``); its update, with its param group's learning rate
+  changed by ``LR_JUMP`` or more (``learning_rate``: the group's module is named); its
+  gradient coming back from near zero (``RETURN_JUMP`` times its baseline or more) into a
+  second moment that had decayed: the squared gradient norm ``DECAYED_V`` or more times the
+  sum of ``exp_avg_sq``, which it matches in a steady state (``adam_second_moment``); its
+  update jumping while its gradient stayed within ``RISING`` deviations (``learning_rate``).
 - otherwise ``unknown``.
 """
 
@@ -40,102 +26,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 
 from ._common import common_module
+from ._spike_movers import (
+    DEPART,
+    LOGITS,
+    RISING,
+    Mover,
+    SpikeWindow,
+    baseline,
+    deviation_at,
+    movers,
+    per_unit,
+)
 
-__all__ = ["CAUSES", "STATS", "Mover", "SpikeVerdict", "SpikeWindow", "attribute", "per_unit"]
+__all__ = ["CAUSES", "Mover", "SpikeVerdict", "SpikeWindow", "attribute", "per_unit"]
 
-#: The per-unit series a window may hold (each ``[T, U]``, nan where a unit has none).
-STATS = ("grad", "update", "weight", "exp_avg", "exp_avg_sq", "attention_logit", "output_lse")
 CAUSES = ("learning_rate", "bad_batch", "adam_second_moment", "attention_logits", "output_logits", "corrupted_weight")
-
-#: Series compared in log space (norms, sums of squares: they move by factors).
-_LOG_STATS = frozenset({"grad", "update", "weight", "exp_avg", "exp_avg_sq"})
-#: The smallest spread a baseline is given, per series (log units for norms: 0.2 is about 20%;
-#: a fraction of the level for logits), so a baseline that happened to be flat over a few steps
-#: does not make noise look like a departure. Set on the tuning split's clean runs: over windows
-#: of 32 steps, the largest excursion of a healthy series past its first 8 steps stayed under 6
-#: floors (gradients: 1.1 in log units at most; updates: 1.7, the embeddings' row-sparse ones;
-#: the largest attention logit, a max over positions: 12 at a level of 9; the output
-#: log-sum-exp: 1.6 at a level of 7).
-_FLOOR = {"grad": 0.2, "update": 0.3, "weight": 0.01, "exp_avg": 0.2, "exp_avg_sq": 0.2,
-          "attention_logit": 0.25, "output_lse": 0.06}
-#: Which series can reveal a first mover (weights are judged by the corruption rule: a healthy
-#: weight norm drifts too smoothly for a baseline of a few steps to judge), with their order
-#: inside one step: the forward's logits, then the gradients they make, then the update.
-_MOVERS = ("attention_logit", "output_lse", "grad", "update")
-_PHASE = {"attention_logit": 0, "output_lse": 0, "grad": 1, "update": 2}
-_LOGITS = frozenset({"attention_logit", "output_lse"})
-
-DEPART = 6.0
-RISING = 3.0
-#: Logits (a max over positions, heavy-tailed) get a wide baseline floor; their climb is walked
-#: back over steps one floor up and rising, however few.
-RISING_LOGIT = 1.0
-CLIMB = 2
-BASELINE_MIN = 4
-BASELINE_MAX = 8
 CORRUPT_JUMP = 0.01
 BATCH_SHARE = 0.5
 LR_JUMP = 1.5
 RETURN_JUMP = 10.0
 DECAYED_V = 4.0
-MAD_TO_SIGMA = 1.4826
-
-
-@dataclasses.dataclass
-class SpikeWindow:
-    """The steps around one spike, as plain arrays.
-
-    Attributes:
-        steps: ``[T]`` consecutive step numbers, oldest first.
-        spike_step: the step whose loss spiked (one of ``steps``).
-        units: ``U`` unit names.
-        stats: name (one of :data:`STATS`) -> ``[T, U]`` values, nan where unknown.
-        lrs: learning-rate group key -> ``[T]`` values (nan where unknown).
-        unit_lr: the ``lrs`` key of each unit's param group, or None.
-        loss: ``[T]`` training losses.
-        inputs: ``[T, 2]`` smallest and largest input value per step, or None.
-    """
-
-    steps: np.ndarray
-    spike_step: int
-    units: list[str]
-    stats: dict[str, np.ndarray]
-    lrs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
-    unit_lr: Sequence[Optional[str]] = ()
-    loss: Optional[np.ndarray] = None
-    inputs: Optional[np.ndarray] = None
-
-    @property
-    def spike_index(self) -> int:
-        return int(np.searchsorted(self.steps, self.spike_step))
-
-    def series(self, stat: str, unit: int) -> np.ndarray:
-        values = self.stats.get(stat)
-        if values is None:
-            return np.full(len(self.steps), np.nan)
-        return values[:, unit]
-
-
-@dataclasses.dataclass(frozen=True)
-class Mover:
-    """A unit that left its baseline: where, by which series, how early and how far."""
-
-    unit: str
-    index: int
-    stat: str
-    onset: int
-    lead_steps: int
-    deviation: float
-
-    @property
-    def score(self) -> float:
-        return self.lead_steps + self.deviation / (self.deviation + DEPART)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,94 +65,6 @@ class SpikeVerdict:
     why: str
     #: The window judged.
     window: Optional[SpikeWindow] = None
-
-
-def per_unit(values: np.ndarray, unit_of: Sequence[int], units: int, how: str = "l2") -> np.ndarray:
-    """Per-parameter figures ``[T, P]`` folded into units ``[T, U]``: ``"l2"`` norms combine as
-    the root of the sum of squares, ``"sum"`` figures add; a unit with any nan parameter is nan.
-
-    Args:
-        values: ``[T, P]``.
-        unit_of: the unit of each of the ``P`` columns.
-        units: ``U``.
-        how: ``"l2"`` or ``"sum"``.
-    """
-    t = values.shape[0]
-    out = np.zeros((units, t))
-    index = np.asarray(unit_of, dtype=np.int64)
-    data = values.astype(np.float64) ** 2 if how == "l2" else values.astype(np.float64)
-    np.add.at(out, index, data.T)
-    out = out.T
-    counts = np.bincount(index, minlength=units)
-    out[:, counts[:units] == 0] = np.nan
-    return np.sqrt(out) if how == "l2" else out
-
-
-def _departure(y: np.ndarray, stat: str, base: slice, last: int) -> Optional[tuple[int, float]]:
-    """``(onset index, peak deviation)`` of the first departure of ``y`` above its baseline up to
-    index ``last``, or None."""
-    b = y[base]
-    b = b[np.isfinite(b)]
-    if len(b) < 2:
-        return None
-    med = float(np.median(b))
-    spread = float(np.median(np.abs(b - med))) * MAD_TO_SIGMA
-    floor = _FLOOR[stat] if stat in _LOG_STATS else _FLOOR[stat] * max(abs(med), 1.0)
-    z = (y - med) / max(spread, floor)
-    if stat == "output_lse":
-        z = np.abs(z)  # the normaliser drifts either way
-    start = base.stop
-    hit = next((t for t in range(start, last + 1) if np.isfinite(z[t]) and z[t] >= DEPART), None)
-    if hit is None:
-        return None
-    onset = hit
-    rising = RISING_LOGIT if stat in _LOGITS else RISING
-    while onset - 1 >= start and np.isfinite(z[onset - 1]) and z[onset - 1] >= rising and y[onset - 1] < y[onset]:
-        onset -= 1
-    if hit - onset < (1 if stat in _LOGITS else CLIMB):
-        onset = hit  # one step above the bar before a jump is noise, not a climb
-    if onset < last and not bool(np.all(z[onset : last + 1] >= rising)):
-        return None  # it came back before the spike: a blip, not what led to it
-    return onset, float(np.nanmax(z[onset : last + 1]))
-
-
-def _transform(x: np.ndarray, stat: str) -> np.ndarray:
-    if stat not in _LOG_STATS:
-        return x.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(x > 0, np.log(np.where(x > 0, x, 1.0)), np.where(x == 0, -50.0, np.nan))
-
-
-def _baseline(window: SpikeWindow) -> slice:
-    pre = window.spike_index
-    n = max(BASELINE_MIN, min(BASELINE_MAX, pre // 2))
-    return slice(0, min(n, max(pre - 1, 0)))
-
-
-def movers(window: SpikeWindow) -> list[Mover]:
-    """Every unit that left its baseline before or at the spike, ranked (first mover first)."""
-    spike = window.spike_index
-    base = _baseline(window)
-    out = []
-    for u, name in enumerate(window.units):
-        best: Optional[Mover] = None
-        for stat in _MOVERS:
-            y = _transform(window.series(stat, u), stat)
-            found = _departure(y, stat, base, spike)
-            if found is None:
-                continue
-            onset, deviation = found
-            m = Mover(name, u, stat, onset, window.spike_step - int(window.steps[onset]), deviation)
-            if best is None or _order(m) < _order(best):
-                best = m
-        if best is not None:
-            out.append(best)
-    out.sort(key=_order)
-    return out
-
-
-def _order(m: Mover) -> tuple[int, int, float]:
-    return (m.onset, _PHASE.get(m.stat, 3), -m.deviation)
 
 
 def _corrupted(window: SpikeWindow) -> Optional[tuple[Mover, dict[str, object]]]:
@@ -282,17 +109,6 @@ def _lr_change(window: SpikeWindow, unit: int, lo: int, hi: int) -> Optional[tup
     return None
 
 
-def _deviation_at(window: SpikeWindow, stat: str, unit: int, t: int) -> float:
-    y = _transform(window.series(stat, unit), stat)
-    b = y[_baseline(window)]
-    b = b[np.isfinite(b)]
-    if len(b) < 2 or not np.isfinite(y[t]):
-        return math.nan
-    med = float(np.median(b))
-    spread = max(float(np.median(np.abs(b - med))) * MAD_TO_SIGMA, _FLOOR[stat])
-    return float((y[t] - med) / spread)
-
-
 def _inputs_outside(window: SpikeWindow) -> Optional[bool]:
     """Whether the spike step's inputs (smallest and largest value, or largest token id) left
     the range the window's earlier steps spanned; None when not recorded."""
@@ -325,7 +141,7 @@ def _cause_of(window: SpikeWindow, first: Mover, ranked: list[Mover]) -> tuple[s
     """The cause behind ``first`` (not a corrupted weight), with its figures and one line."""
     spike = window.spike_index
     u = first.index
-    if first.lead_steps == 0 and first.stat in _LOGITS:
+    if first.lead_steps == 0 and first.stat in LOGITS:
         grads = window.stats.get("grad")
         n_units = int(np.isfinite(grads[spike]).sum()) if grads is not None else 0
         jumped = sum(1 for m in ranked if m.stat == "grad" and m.lead_steps == 0)
@@ -344,16 +160,16 @@ def _cause_of(window: SpikeWindow, first: Mover, ranked: list[Mover]) -> tuple[s
                 f"the gradients of {jumped} of {n_units} units jumped together at the spike step, "
                 f"and nothing moved before it{seen}")
         return "unknown", {"units_jumped": jumped, "units": n_units}, "nothing moved before the spike step"
-    if first.stat in _LOGITS:
+    if first.stat in LOGITS:
         return _logit_cause(window, first)
     lr = _lr_change(window, u, max(first.onset - 1, 0), spike)
     if lr is not None:
         return "learning_rate", {"lr_ratio": lr[1], "lr_changed_at": int(window.steps[lr[0]])}, (
             f"the learning rate of its param group changed {lr[1]:.3g}x at step {int(window.steps[lr[0]])}")
-    grad_dev = _deviation_at(window, "grad", u, first.onset)
+    grad_dev = deviation_at(window, "grad", u, first.onset)
     g = window.series("grad", u)
     v = window.series("exp_avg_sq", u)
-    base = g[_baseline(window)]
+    base = g[baseline(window)]
     g0 = float(np.nanmedian(base)) if np.isfinite(base).any() else math.nan
     ratio = float(g[first.onset] ** 2 / v[first.onset]) if v[first.onset] > 0 else math.nan
     returned = g[first.onset] / g0 if g0 > 0 else math.inf
@@ -365,7 +181,7 @@ def _cause_of(window: SpikeWindow, first: Mover, ranked: list[Mover]) -> tuple[s
         return "unknown", {"grad_deviation": grad_dev, "grad_sq_over_exp_avg_sq": ratio}, (
             "its gradient moved first, with no learning-rate change or decayed second moment behind it")
     upd = window.series("update", u)
-    jump = float(upd[first.onset] / np.nanmedian(upd[_baseline(window)]))
+    jump = float(upd[first.onset] / np.nanmedian(upd[baseline(window)]))
     if not np.isfinite(grad_dev) or grad_dev < RISING:
         return "learning_rate", {"update_jump": jump, "grad_deviation": grad_dev}, (
             f"its update grew {jump:.3g}x while its gradient stayed flat")
@@ -402,7 +218,7 @@ def attribute(window: SpikeWindow) -> SpikeVerdict:
 
 def _enclosing_attention(first: Mover, ranked: list[Mover]) -> Optional[Mover]:
     """The attention module holding ``first``'s unit whose largest logit also left its baseline."""
-    if first.stat in _LOGITS:
+    if first.stat in LOGITS:
         return None
     unit = first.unit.split("[")[0]
     for m in ranked:
