@@ -107,6 +107,9 @@ class _Plan:
         self.cols = slice(start, start + len(params))
         self.copy = copy
         self.shadow: Optional[list[torch.Tensor]] = None
+        #: The step whose weights ``shadow`` holds (-1: none): an update is measured only
+        #: against the copy taken at the same step's pre-step.
+        self.copied = -1
         self._states: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None
         self._state_key: tuple[int, int] = (-1, -1)
 
@@ -153,7 +156,7 @@ class SpikeRing:
         #: leaves its columns of that row as they were.
         self.row_steps = {key: np.full(steps, -1, dtype=np.int64) for key in self.plans}
 
-    def before_update(self, optimizer: torch.optim.Optimizer) -> None:
+    def before_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         plan = self.plans.get(id(optimizer))
         if plan is None or not plan.params or not self.exact_updates:
             return
@@ -164,6 +167,7 @@ class SpikeRing:
             plan.shadow = [p.clone() for p in current]
         else:
             torch._foreach_copy_(plan.shadow, current)
+        plan.copied = step
 
     def after_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         plan = self.plans.get(id(optimizer))
@@ -172,11 +176,13 @@ class SpikeRing:
         row = self.ring[step % self.steps, :, plan.cols]
         weights = [p.detach() for p in plan.params]
         l2 = list(weights)
-        have_update = self.exact_updates and plan.shadow is not None
+        have_update = self.exact_updates and plan.shadow is not None and plan.copied == step
         if have_update:
             assert plan.shadow is not None
             torch._foreach_sub_(plan.shadow, weights)  # W_before - W_after: the update's norm
             l2 = plan.shadow + l2
+        elif self.exact_updates:
+            row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
         state = plan.adam_state()
         if state is not None:
             l2 = l2 + state[0]

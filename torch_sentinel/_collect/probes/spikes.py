@@ -167,7 +167,7 @@ class SpikeProbe(Probe):
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.ring is not None and optimizer is not None:
-            self.ring.before_update(optimizer)
+            self.ring.before_update(optimizer, self.host.step)
 
     def on_post_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self.ring is not None and optimizer is not None:
