@@ -206,16 +206,22 @@ def test_thresholds_are_options(trained: dict[str, Any]) -> None:
 
 
 def test_under_torch_compile(trained: dict[str, Any]) -> None:
-    """Compiled (dynamo, aot_eager: the hooks and the SDPA observer are traced into the graph),
-    the attention logits still reach the ring's row and the cause is found."""
+    """Compiled (dynamo, aot_eager: the hooks and the SDPA observer are traced into the graph,
+    without a graph break), the attention logits still reach the step's row and the cause is
+    found."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     try:
         model, opt = resume(trained)
         compiled = torch.compile(model, backend="aot_eager")
         report = train(model, opt, Injection("attention_logits", T0, "blocks.0.attn", {"drift": 1.0}),
                        step_fn=compiled)
+        breaks = dict(counters["graph_break"])
     finally:
         torch._dynamo.reset()
+    assert breaks == {}
     f = report.by_kind("loss_spike")[0]
     assert (f.evidence["cause"], f.module) == ("attention_logits", "blocks.0.attn"), str(f)
     assert math.isfinite(f.evidence["series"]["blocks.0.attn"]["attention_logit"][0])
