@@ -20,7 +20,7 @@ PRETRAIN_STEPS = 3000
 #: split -> (pretraining seed, injection seeds per cause, clean runs as (seed, steps, beta2)).
 SPLITS = {
     "tune": (100, range(0, 4), [(0, 1000, 0.95), (1, 1000, 0.95), (2, 1000, 0.999)]),
-    "heldout": (200, range(100, 110), [(100 + i, 1250, 0.95 if i < 6 else 0.999) for i in range(8)]),
+    "heldout": (200, range(100, 110), [(100 + i, 1250, 0.95 if i < 2 else 0.999) for i in range(4)]),
 }
 #: The learning rate of a run at each beta2 (the adam_second_moment runs' setting).
 LR = {0.95: 1e-3, 0.999: 2e-3
