@@ -55,7 +55,11 @@ def spike_timeline(finding: Finding) -> list[str]:
         if was is not None and now is not None:
             ratio = f" ({now / was:.3g}x)" if was > 0 and stat not in ("attention_logit", "output_lse") else ""
             change = f" {was:.3g} -> {now:.3g}{ratio}"
-        mark = "   <- first mover" if rank == 0 else ""
+        mark = ""
+        if rank == 0:
+            named = finding.module
+            inside = f", in {named or '<model>'}" if named is not None and named != module else ""
+            mark = f"   <- first mover{inside}"
         events.append((step, rank, f"{module}: {_NAMES.get(stat, stat)} left its baseline{change}{mark}"))
     events.sort()
     lines = [f"step {step:>7}  {text}" for step, _, text in events]
