@@ -25,7 +25,7 @@ cause                         what is done, from ``t0``
 ============================  ==================================================================
 
 What it took for each cause to make a real spike (robust z > 6) on this model, found on the
-tuning split: at beta2 = 0.95 no zero-gradient stretch of any module spiked the loss (the
+tuning split: at beta2 = 0.95 no zero-gradient stretch of the modules tried spiked the loss (the
 update after it is at most 1.1 lr per element, as the prior-art caveat computes); at 0.999
 (up to 6.5 lr per element) one MLP's burst raised the loss by 0.3-0.5 over 20-40 steps, never
 a spike, and a whole bottom block's burst spiked it at lr 2e-3 (z 11), not at 1e-3 (z 5); the
