@@ -57,7 +57,8 @@ def _gpt2() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
     return model, lambda i: model(ids[i % 2], labels=ids[i % 2]).loss
 
 
-def added_launches_per_module(build: Build, warm: int = 10, steps: int = 10, check: str = "deferred") -> tuple[float, int, dict[str, Any]]:
+def added_launches_per_module(build: Build, warm: int = 10, steps: int = 10, check: str = "deferred",
+                              disable: frozenset[str] = frozenset()) -> tuple[float, int, dict[str, Any]]:
     """(sentinel - bare) launching ops per module per step, and the module count. The bare
     loop launches the same ops every step, so two of its steps give its per-step count."""
 
@@ -65,7 +66,7 @@ def added_launches_per_module(build: Build, warm: int = 10, steps: int = 10, che
         torch.manual_seed(0)
         model, loss_at = build()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        s = torch_sentinel.attach(model, opt, check=check, flush_every=1000) if attach else None
+        s = torch_sentinel.attach(model, opt, check=check, flush_every=1000, disable=disable) if attach else None
 
         def step(i: int) -> None:
             opt.zero_grad()
@@ -106,6 +107,31 @@ def test_the_counter_leaves_out_views_detach_and_allocations() -> None:
 def test_launching_ops_added_per_module_per_step(name: str, check: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(batch, "FUSED_ON_CPU", True)
     build = {"stack100": _stack, "gpt2-4": _gpt2}[name]
-    per_module, modules, added = added_launches_per_module(build, check=check)
+    # The loss_spike probe's launches are per step, not per module: see the next test.
+    per_module, modules, added = added_launches_per_module(build, check=check, disable=frozenset({"loss_spike"}))
     assert modules == {"stack100": 101, "gpt2-4": 60}[name]
     assert 0 < per_module <= LIMITS[name], f"{per_module:.3f} per module per step; added ops: {added}"
+
+
+def _stack50() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
+    model = nn.Sequential(*[nn.Linear(16, 16) if i % 2 == 0 else nn.Tanh() for i in range(50)])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+    return model, lambda i: nn.functional.mse_loss(model(x), y)
+
+
+#: Launching ops the loss_spike probe adds per step: the spike ring's 6 (one _foreach_copy_ at
+#: the pre-step; _foreach_sub_, two _foreach_norm, two stacks written into the ring's row), 2 per
+#: attention module (scores, their max into the row), 2 for the output log-sum-exp and 2 for the
+#: largest token id. GPT-2 here: 4 attention modules, a vocabulary, token ids.
+SPIKE_LAUNCHES = {"stack100": 6, "stack50": 6, "gpt2-4": 6 + 2 * 4 + 2 + 2}
+
+
+@pytest.mark.parametrize("name", list(SPIKE_LAUNCHES), ids=list(SPIKE_LAUNCHES))
+def test_the_loss_spike_probe_adds_a_fixed_count_per_step(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the number of modules, the ring costs the same per step."""
+    monkeypatch.setattr(batch, "FUSED_ON_CPU", True)
+    build = {"stack100": _stack, "stack50": _stack50, "gpt2-4": _gpt2}[name]
+    with_probe, modules, _ = added_launches_per_module(build)
+    without, _, _ = added_launches_per_module(build, disable=frozenset({"loss_spike"}))
+    assert round((with_probe - without) * modules, 6) == SPIKE_LAUNCHES[name]

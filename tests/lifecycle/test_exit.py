@@ -30,8 +30,10 @@ def test_readme_first_example_verbatim_loses_no_step(tmp_path: pathlib.Path) -> 
     assert steps_of(acc, "loss/train") == list(range(130))
     assert steps_of(acc, "grad_norm/global") == list(range(130))
     rows = findings(log_dir)
-    # The loss jumps at step 112: only the last window (steps 100-129) can show it.
-    assert rows and {f["kind"] for f in rows} <= {"diverging", "plateau"}
+    # The loss jumps at step 112: only the last window (steps 100-129) can show it; loss_spike
+    # names the batch (inputs 30x larger from there).
+    assert rows and {f["kind"] for f in rows} <= {"diverging", "plateau", "loss_spike"}
+    assert all(f["evidence"]["cause"] == "bad_batch" for f in rows if f["kind"] == "loss_spike")
     assert "diverging" in {f["kind"] for f in rows}
     assert all(f["step"] >= 112 for f in rows)
     assert "diverging" in proc.stderr  # the console sink, at exit

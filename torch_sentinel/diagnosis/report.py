@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 from .._findings import BOUNDARIES, Finding
 from .ladder import first_failing_boundary, hypothesis_for, next_check_for, sort_key
+from .spikes import LONG_EVIDENCE, spike_timeline
 
 __all__ = ["Report"]
 
@@ -93,8 +94,13 @@ class Report:
             lines.append(f"[{f.severity}] {f.kind} ({f.boundary}){where}{at}")
             lines.append(f"  symptom:    {f.message}")
             if f.evidence:
-                ev = ", ".join(f"{k}={_fmt(v)}" for k, v in f.evidence.items() if v is not None)
+                ev = ", ".join(f"{k}={_fmt(v)}" for k, v in f.evidence.items()
+                               if v is not None and k not in LONG_EVIDENCE)
                 lines.append(f"  evidence:   {ev}")
+            timeline = spike_timeline(f)
+            if timeline:
+                lines.append("  timeline:")
+                lines.extend(f"    {line}" for line in timeline)
             hyp = hypothesis_for(f)
             if hyp:
                 lines.append(f"  hypothesis: {hyp}")

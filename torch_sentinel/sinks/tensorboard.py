@@ -23,10 +23,12 @@ from .._collect.rungs import nonfinite_counts
 from .._findings import Finding
 from .._record import StepRecord
 from ..diagnosis.ladder import hypothesis_for, kind_info, next_check_for
+from ..diagnosis.spikes import LONG_EVIDENCE
 from ..precision.probe import PrecisionRows
 from .base import SinkContext
 from .precision import precision_scalars
 from .schedule import ModuleSchedule, module_tag_bytes
+from .spike_series import spike_scalars
 
 __all__ = ["LAYOUT", "ROOT_TAG", "StepScalars", "TensorBoardSink"]
 
@@ -194,7 +196,7 @@ def finding_markdown(findings: Sequence[Finding]) -> str:
             f.message.replace("\n", "  \n"),
         ]
         if f.evidence:
-            ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None)
+            ev = ", ".join(f"{k}={v}" for k, v in f.evidence.items() if v is not None and k not in LONG_EVIDENCE)
             lines += ["", f"evidence: `{ev}`"]
         if f.hypothesis or kind_info(f.kind) is not None:
             lines += ["", f"hypothesis: {hypothesis_for(f)}"]
@@ -408,6 +410,16 @@ class TensorBoardSink:
             by_tag.setdefault((f"findings/{f.kind}", step), []).append(f)
         for (tag, step), group in by_tag.items():
             w.add_text(tag, finding_markdown(group), step)
+        self._write_spike_series(findings)
+
+    def _write_spike_series(self, findings: list[Finding]) -> None:
+        """The series around each loss spike (``spike_series.py``), one event per step."""
+        by_step: dict[int, list[tuple[str, float]]] = {}
+        for f in findings:
+            for step, tag, value in spike_scalars(f):
+                by_step.setdefault(step, []).append((tag, value))
+        for step, pairs in sorted(by_step.items()):
+            self._add_scalars(pairs, step)
 
     def _write_stats(self, step: int, stats: dict[str, float]) -> None:
         pairs: list[tuple[str, float]] = []

@@ -1,0 +1,122 @@
+"""The largest attention logit of each attention module, per step, into ledger slots.
+
+No public hook carries q and k: they are made and consumed inside an attention module's
+forward. Two ways in, both without touching the user's code:
+
+- ``torch.nn.functional.scaled_dot_product_attention``, observed through the shared function
+  patches (``patches.py``): hand-written attention that calls it, Hugging Face models with the
+  ``sdpa`` attention implementation (their default), and ``nn.MultiheadAttention`` on its fast
+  paths. Which module made the call is known from a forward pre-hook on each attention module
+  (it sets the current slot; its forward hook clears it), so calls from other models and from
+  outside any attention module are ignored. Under torch.compile the hooks and the wrapper are
+  traced (no graph break): the slot is fixed at trace time, which is right, since a call site
+  belongs to one module.
+- ``nn.MultiheadAttention``: its forward pre-hook recomputes the first sequence's q and k from
+  the input and its ``in_proj`` weights (it does not call SDPA when ``need_weights=True``, the
+  default); the SDPA calls it makes itself are then skipped.
+
+Attention modules are found by type and name: ``nn.MultiheadAttention``, and the innermost
+modules whose class name contains "attention" or "attn" (``CausalSelfAttention``,
+``LlamaAttention``, ``GPT2Attention``, ``BertSelfAttention``). Attention computed with
+``q @ k.transpose(-2, -1)`` (Hugging Face's ``eager`` implementation, nanoGPT's slow path) is not
+seen: there is no call to observe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .hookset import ModuleHook
+from .ledger import Ledger
+from .patches import patch_for
+from .spike_stats import max_attention_logit, mha_max_logit
+
+__all__ = ["AttentionLogits", "attention_modules"]
+
+
+def _is_attention(module: nn.Module) -> bool:
+    if isinstance(module, nn.MultiheadAttention):
+        return True
+    name = type(module).__name__.lower()
+    return "attention" in name or "attn" in name
+
+
+def attention_modules(modules: Sequence[tuple[str, nn.Module]]) -> list[tuple[str, nn.Module]]:
+    """The innermost attention modules of ``modules`` (see the module docstring)."""
+    found = [(n, m) for n, m in modules if _is_attention(m)]
+    names = [n for n, _ in found]
+
+    def has_inner(name: str) -> bool:
+        prefix = name + "." if name else ""
+        return any(other != name and other.startswith(prefix) for other in names)
+
+    return [(n, m) for n, m in found if isinstance(m, nn.MultiheadAttention) or not has_inner(n)]
+
+
+class _SdpaListener:
+    def __init__(self, owner: AttentionLogits) -> None:
+        self.owner = owner
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.owner.on_sdpa(args, kwargs)
+
+    def after(self, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        return None
+
+
+class AttentionLogits:
+    """Writes each attention module's largest logit into its ledger slot (two launches per
+    call: the scores and their max, written in place; with several forwards in a step, the
+    last one's). Module ``i`` writes slot ``start + i`` of ``ledger``, looked up at each write
+    (the row is reallocated when a later probe adds a block)."""
+
+    def __init__(self, modules: Sequence[tuple[str, nn.Module]], ledger: Ledger, start: int) -> None:
+        self.modules = list(modules)
+        self.ledger = ledger
+        self.start = start
+        self.current: Optional[int] = None
+        self._mha = [isinstance(m, nn.MultiheadAttention) for _, m in self.modules]
+
+    def install(self, hooks: Any) -> None:
+        """Register the pre-hooks and subscribe to SDPA through ``hooks`` (a ``HookSet``:
+        everything is removed at detach)."""
+        for i, (_, module) in enumerate(self.modules):
+            hooks.add(module.register_forward_pre_hook(ModuleHook(self._enter, i), with_kwargs=True))
+            hooks.add(module.register_forward_hook(ModuleHook(self._leave), always_call=True))
+        hooks.subscribe(patch_for(F, "scaled_dot_product_attention"), _SdpaListener(self))
+
+    def _enter(self, i: int, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.current = i
+        if self._mha[i] and torch.is_grad_enabled():
+            query = args[0] if args else kwargs.get("query")
+            key = args[1] if len(args) > 1 else kwargs.get("key")
+            if isinstance(query, torch.Tensor) and isinstance(key, torch.Tensor):
+                assert isinstance(module, nn.MultiheadAttention)
+                self._write(i, lambda out: mha_max_logit(module, query, key, out=out))
+        return None
+
+    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        self.current = None
+
+    def on_sdpa(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        i = self.current
+        if i is None or self._mha[i] or not torch.is_grad_enabled():
+            return
+        q = args[0] if args else kwargs.get("query")
+        k = args[1] if len(args) > 1 else kwargs.get("key")
+        if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or not q.is_floating_point():
+            return
+        scale = kwargs.get("scale")
+        self._write(i, lambda out: max_attention_logit(q, k, scale, out=out))
+
+    def _write(self, i: int, compute: Any) -> None:
+        view = self.ledger.views[self.start + i]
+        with torch.no_grad():
+            value = compute(view)
+            if value is not view:  # another dtype than the row's: one copy more
+                view.copy_(value)

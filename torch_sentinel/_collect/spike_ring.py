@@ -1,0 +1,208 @@
+"""The spike ring: the optimizer's per-parameter figures of the last K steps, kept on the device.
+
+Row ``step % K`` of a preallocated ``[K, 4, P]`` float32 tensor receives, at each optimizer
+step, for every watched parameter: the update norm ``||W_after - W_before||`` (exact: a copy of
+the weights is taken at the pre-step), the weight norm after the update, and for Adam-family
+optimizers the L2 norm of ``exp_avg`` and the sum (L1 norm) of ``exp_avg_sq``. Per step that is
+one ``_foreach_copy_`` at the pre-step, then one ``_foreach_sub_``, two ``_foreach_norm`` (L2
+over updates, weights and ``exp_avg``; L1 over ``exp_avg_sq``), their stacks and one row
+write: a fixed count of launches whatever the number of modules. Nothing is read on the host
+until a spike asks for the ring (:meth:`SpikeRing.read`, cold path).
+
+The sum of ``exp_avg_sq`` is kept rather than its minimum: over a weight matrix the minimum
+belongs to its least-used element (0 for an embedding's unseen rows; 6x noisier than the sum
+step to step on the benchmark GPT's other weights); the sum is the running mean of the squared
+gradient norm as the optimizer saw it, so ``||g||^2 / sum(v)`` holds steady (at the clip factor
+squared where the loop clips) and grows by up to ``1 / (1 - beta2)`` when a gradient returns into
+a second moment that decayed while it was near zero.
+
+The gradient norms are not in the ring: every step's row already carries them to the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .spike_stats import stacked_norms, stacked_sums
+from .tensors import materialized, nbytes, reduces
+from .transfer import AsyncFetch
+
+__all__ = ["RING_STATS", "RingLayout", "SpikeRing", "unit_layout"]
+
+#: The rows of each ring entry, in order.
+RING_STATS = ("update", "weight", "exp_avg", "exp_avg_sq")
+
+
+@dataclasses.dataclass(frozen=True)
+class RingLayout:
+    """Which parameter each ring column holds and which unit (module, or module's params in one
+    param group) it belongs to; plain host data, for the forensics.
+
+    Attributes:
+        params: parameter name of each ring column.
+        unit_of: unit index of each column.
+        numel: element count of each column.
+        units: unit names: modules, ``module[group]`` for a module split across param groups,
+            then attention modules and the output module when they own no parameter directly.
+        unit_lr: per unit, the learning-rate key of its param group (as ``StepMeta.lr_names``).
+        attention: the attention modules' unit names (their logits ride the step's row).
+        output: the output module's unit name, or None.
+    """
+
+    params: tuple[str, ...]
+    unit_of: tuple[int, ...]
+    numel: tuple[int, ...]
+    units: tuple[str, ...]
+    unit_lr: tuple[Optional[str], ...]
+    attention: tuple[str, ...] = ()
+    output: Optional[str] = None
+
+    def unit_index(self, name: str) -> int:
+        return self.units.index(name)
+
+
+def unit_layout(params: Sequence[str], owners: Sequence[str], groups: Sequence[Optional[str]],
+                numel: Sequence[int], attention: Sequence[str] = (), output: Optional[str] = None) -> RingLayout:
+    """Group parameters into units: by owning module, split by param group when a module's
+    parameters sit in several.
+
+    Args:
+        params: parameter names, in ring column order.
+        owners: the module that owns each parameter directly.
+        groups: the learning-rate key of each parameter's param group (None: no optimizer).
+        numel: element count of each parameter.
+        attention: attention module names (units of their own when they own no parameter).
+        output: the module that makes the output logits, if any.
+    """
+    split = {o for o in owners if len({g for oo, g in zip(owners, groups) if oo == o}) > 1}
+    names: list[str] = []
+    index: dict[str, int] = {}
+    unit_lr: list[Optional[str]] = []
+    unit_of = []
+    for owner, group in zip(owners, groups):
+        name = f"{owner}[{group}]" if owner in split else owner
+        if name not in index:
+            index[name] = len(names)
+            names.append(name)
+            unit_lr.append(group)
+        unit_of.append(index[name])
+    for extra in (*attention, *([output] if output is not None else [])):
+        if extra not in index:
+            index[extra] = len(names)
+            names.append(extra)
+            unit_lr.append(None)
+    return RingLayout(tuple(params), tuple(unit_of), tuple(int(n) for n in numel), tuple(names), tuple(unit_lr),
+                      tuple(attention), output)
+
+
+class _Plan:
+    """One optimizer's watched parameters, their ring columns and their state tensors."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], start: int, copy: bool) -> None:
+        self.optimizer = optimizer
+        self.params = params
+        self.cols = slice(start, start + len(params))
+        self.copy = copy
+        self.shadow: Optional[list[torch.Tensor]] = None
+        #: The step whose weights ``shadow`` holds (-1: none): an update is measured only
+        #: against the copy taken at the same step's pre-step.
+        self.copied = -1
+        self._states: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None
+        self._state_key: tuple[int, int] = (-1, -1)
+
+    def adam_state(self) -> Optional[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """``(exp_avg, exp_avg_sq)`` per parameter, or None for optimizers without them. The
+        lists are kept across steps; a new state (load_state_dict, a parameter's first step)
+        rebuilds them."""
+        state = self.optimizer.state
+        first = state.get(self.params[0]) if self.params else None
+        key = (len(state), id(first.get("exp_avg")) if first else 0)
+        if key != self._state_key:
+            self._state_key = key
+            entries = [state.get(p) or {} for p in self.params]
+            if not any("exp_avg_sq" in e for e in entries):
+                self._states = None
+            else:
+                empty = self.params[0].new_zeros(())
+                self._states = ([e.get("exp_avg", empty) for e in entries], [e.get("exp_avg_sq", empty) for e in entries])
+        return self._states
+
+
+class SpikeRing:
+    """The device ring (see the module docstring). Host bookkeeping: which step each row holds."""
+
+    def __init__(self, device: torch.device, optimizers: Sequence[torch.optim.Optimizer],
+                 watched: Sequence[torch.Tensor], steps: int = 32, copy_limit_bytes: int = 256 << 20) -> None:
+        self.steps = steps
+        self.device = device
+        watched_ids = {id(p) for p in watched}
+        self.plans: dict[int, _Plan] = {}
+        self.columns: list[torch.Tensor] = []
+        seen: set[int] = set()
+        for opt in optimizers:
+            params = [p for g in opt.param_groups for p in g["params"]
+                      if id(p) in watched_ids and id(p) not in seen and reduces(p.dtype, p.device)]
+            seen.update(id(p) for p in params)
+            self.plans[id(opt)] = _Plan(opt, params, len(self.columns), copy=True)
+            self.columns.extend(params)
+        #: Exact update norms need a copy of the weights between the pre- and post-step; above
+        #: this size they are left out (nan) rather than doubling the model's memory.
+        self.exact_updates = sum(nbytes(p) for p in self.columns) <= copy_limit_bytes
+        self.ring = torch.full((steps, len(RING_STATS), len(self.columns)), float("nan"), device=device)
+        #: The step each row holds (-1: none yet), per optimizer: an optimizer that did not step
+        #: leaves its columns of that row as they were.
+        self.row_steps = {key: np.full(steps, -1, dtype=np.int64) for key in self.plans}
+
+    def before_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        plan = self.plans.get(id(optimizer))
+        if plan is None or not plan.params or not self.exact_updates:
+            return
+        if not all(materialized(p) for p in plan.params):
+            return
+        current = [p.detach() for p in plan.params]
+        if plan.shadow is None or any(s.shape != p.shape for s, p in zip(plan.shadow, current)):
+            plan.shadow = [p.clone() for p in current]
+        else:
+            torch._foreach_copy_(plan.shadow, current)
+        plan.copied = step
+
+    def after_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        plan = self.plans.get(id(optimizer))
+        if plan is None or not plan.params or not all(materialized(p) for p in plan.params):
+            return
+        row = self.ring[step % self.steps, :, plan.cols]
+        weights = [p.detach() for p in plan.params]
+        l2 = list(weights)
+        have_update = self.exact_updates and plan.shadow is not None and plan.copied == step
+        if have_update:
+            assert plan.shadow is not None
+            torch._foreach_sub_(plan.shadow, weights)  # W_before - W_after: the update's norm
+            l2 = plan.shadow + l2
+        elif self.exact_updates:
+            row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
+        state = plan.adam_state()
+        if state is not None:
+            l2 = l2 + state[0]
+        n = len(weights)
+        first = 0 if have_update else 1
+        stacked_norms(l2, 2, out=row[first : first + len(l2) // n])
+        if state is not None:
+            stacked_sums(state[1], out=row[3])
+        self.row_steps[id(optimizer)][step % self.steps] = step
+
+    def read(self) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+        """The ring on the host, and the step each row holds per optimizer (cold path: one copy
+        of ``K x 4 x P`` floats, waited for)."""
+        fetch = AsyncFetch([self.ring])
+        values = fetch.result(block=True)
+        assert values is not None
+        return values[0].copy(), {k: v.copy() for k, v in self.row_steps.items()}
+
+    def close(self) -> None:
+        for plan in self.plans.values():
+            plan.shadow = None

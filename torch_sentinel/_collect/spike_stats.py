@@ -1,0 +1,148 @@
+"""Device-side statistics for loss-spike forensics: plain functions of tensors, no host reads.
+
+Each returns a small device tensor; callers write it into a ledger slot or the spike ring
+(``spike_ring.py``). They run inside hooks (eager or traced by torch.compile), so they only
+launch tensor ops: no ``.item()``, no ``if`` on a tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import batch
+
+__all__ = ["ATTENTION_POSITIONS", "max_attention_logit", "mean_logsumexp", "mha_max_logit", "stacked_norms",
+           "stacked_sums"]
+
+#: A 0-d zero per (device, dtype): ``baddbmm``'s ignored input (beta=0), so the scores cost one
+#: launch and no allocation op.
+_ZEROS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+#: The attention logits are taken over the first sequence of the batch and its first this many
+#: query and key positions: ``H x 256 x 256`` scores at most, whatever the batch and context
+#: length (a long-context model would otherwise materialise every score that flash attention
+#: never stores).
+ATTENTION_POSITIONS = 256
+
+
+def _first_sequence(t: torch.Tensor) -> torch.Tensor:
+    """``(..., L, E)`` as ``(H, L', E)``: the first entry of every leading batch dim, heads kept,
+    ``L'`` at most :data:`ATTENTION_POSITIONS`."""
+    t = t.detach()
+    while t.dim() > 3:
+        t = t[0]
+    if t.dim() == 2:
+        t = t.unsqueeze(0)
+    return t[:, :ATTENTION_POSITIONS]
+
+
+def _zero(like: torch.Tensor) -> torch.Tensor:
+    key = (like.device, like.dtype)
+    zero = _ZEROS.get(key)
+    if zero is None:
+        zero = _ZEROS[key] = torch.zeros((), device=like.device, dtype=like.dtype)
+    return zero
+
+
+def max_attention_logit(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = None,
+                        out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The largest scaled ``q . k`` of the first sequence: the logit the softmax sees, masks not
+    applied (a causal mask hides half of these pairs; the largest of all pairs grows as the
+    largest visible one does when q and k grow).
+
+    Args:
+        q: queries ``(N, ..., Hq, L, E)`` as ``scaled_dot_product_attention`` takes them.
+        k: keys ``(N, ..., H, S, E)``; ``Hq`` a multiple of ``H`` (grouped-query attention).
+        scale: the softmax scale; ``1/sqrt(E)`` when None, as SDPA's default.
+        out: a 0-d tensor of the scores' dtype to write the result into (one launch less).
+    """
+    q0, k0 = _first_sequence(q), _first_sequence(k)
+    hq, hk = q0.shape[0], k0.shape[0]
+    if hq != hk and hk and hq % hk == 0:  # grouped-query attention: the queries of a group share a key head
+        q0 = q0.reshape(hk, -1, q0.shape[-1])
+    s = (1.0 / math.sqrt(q0.shape[-1])) if scale is None else float(scale)
+    scores = torch.baddbmm(_zero(q0), q0, k0.transpose(-1, -2), beta=0.0, alpha=s)
+    if out is not None and out.dtype == scores.dtype:
+        return torch.amax(scores, dim=(0, 1, 2), out=out)
+    return scores.amax()
+
+
+def mha_max_logit(module: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor,
+                  out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`max_attention_logit` of an ``nn.MultiheadAttention`` call, recomputing the first
+    sequence's q and k from its input projections (the module keeps them inside its forward)."""
+    e, h = module.embed_dim, module.num_heads
+    batched = query.dim() == 3
+    if batched:
+        q_in = query[0] if module.batch_first else query[:, 0]
+        k_in = key[0] if module.batch_first else key[:, 0]
+    else:
+        q_in, k_in = query, key
+    q_in, k_in = q_in.detach()[:ATTENTION_POSITIONS], k_in.detach()[:ATTENTION_POSITIONS]
+    bias = module.in_proj_bias
+    if module.in_proj_weight is not None:
+        w_q, w_k = module.in_proj_weight[:e], module.in_proj_weight[e : 2 * e]
+    else:
+        w_q, w_k = module.q_proj_weight, module.k_proj_weight
+    b_q = bias[:e] if bias is not None else None
+    b_k = bias[e : 2 * e] if bias is not None else None
+    q = F.linear(q_in, w_q.detach(), None if b_q is None else b_q.detach())
+    k = F.linear(k_in, w_k.detach(), None if b_k is None else b_k.detach())
+    dh = e // h
+    return max_attention_logit(q.view(-1, h, dh).transpose(0, 1), k.view(-1, h, dh).transpose(0, 1), out=out)
+
+
+def mean_logsumexp(logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The mean log-sum-exp over the vocabulary (last dim) of the first sequence's positions:
+    the softmax normaliser ``log Z`` that a z-loss keeps near 0. ``out``: a float32 0-d tensor
+    to write it into."""
+    x = logits.detach()
+    while x.dim() > 2:
+        x = x[0]
+    lse = torch.logsumexp(x.float(), dim=-1)
+    if out is not None and out.dtype is torch.float32:
+        return torch.mean(lse, dim=tuple(range(lse.dim())), out=out)
+    return lse.mean()
+
+
+def stacked_norms(tensors: list[torch.Tensor], ord: float, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``ord``-norms of ``tensors`` as one float32 vector: one ``_foreach_norm`` (per dtype
+    class when half precision or float64 tensors are mixed in) and one stack, into ``out``
+    (any float32 tensor of ``len(tensors)`` elements) when given."""
+    if all(t.dtype is torch.float32 for t in tensors):
+        same = torch._foreach_norm(tensors, ord)
+        if out is not None and out.is_contiguous() and out.dtype is torch.float32:
+            return torch.stack(same, out=out.view(-1))
+        stacked = torch.stack(same)
+        return stacked if out is None else out.copy_(stacked.view(out.shape))
+    dest = out
+    norms: list[Optional[torch.Tensor]] = [None] * len(tensors)
+    wide = [i for i, t in enumerate(tensors) if t.dtype is torch.float64]
+    narrow = [i for i, t in enumerate(tensors) if t.dtype is not torch.float64]
+    if narrow:
+        for i, n in zip(narrow, torch._foreach_norm([tensors[i] for i in narrow], ord, dtype=torch.float32)):
+            norms[i] = n
+    if wide:
+        for i, n in zip(wide, torch._foreach_norm([tensors[i] for i in wide], ord)):
+            norms[i] = n.float()
+    stacked = torch.stack([n for n in norms if n is not None])
+    return stacked if dest is None else dest.copy_(stacked.view(dest.shape))
+
+
+def stacked_sums(tensors: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """The sums of non-negative ``tensors`` (Adam's ``exp_avg_sq``) into ``out``, float32. On
+    an accelerator one ``_foreach_norm`` of order 1 (a sum, the values being non-negative: one
+    launch); on CPU one ``sum`` per tensor, which runs at a sum's bandwidth where CPU's order-1
+    ``_foreach_norm`` takes the slow path (2.3x slower on the benchmark GPT). ``batch.FUSED_ON_CPU``
+    (the launch-count tests) takes the accelerator's path on CPU too."""
+    if tensors and tensors[0].device.type == "cpu" and not batch.FUSED_ON_CPU:
+        sums = [t.sum(dtype=torch.float32) for t in tensors]
+        if out.is_contiguous():
+            return torch.stack(sums, out=out.view(-1))
+        return out.copy_(torch.stack(sums).view(out.shape))
+    return stacked_norms(tensors, 1, out=out)
