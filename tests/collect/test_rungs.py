@@ -14,7 +14,7 @@ from torch import nn
 
 from torch_sentinel._collect.collector import Collector
 from torch_sentinel._collect.rungs import LADDER
-from torch_sentinel._distributed import Priorities
+from torch_sentinel._distributed import Codes, Priorities
 from torch_sentinel._record import StepMeta, StepRecord
 from torch_sentinel._record.fault import Fault
 from torch_sentinel.detectors.base import RunContext
@@ -55,9 +55,11 @@ def _host(c: Collector, ctx: RunContext, values: torch.Tensor, meta: StepMeta) -
 
 def _device(c: Collector, ctx: RunContext, values: torch.Tensor, meta: StepMeta) -> Optional[tuple[str, Optional[str]]]:
     prio = Priorities(c.ledger, c.forward_order, c.ledger.width, exact_norms=ctx.exact_norms)
-    level = int(prio.first_level(values, meta).item())
-    if level >= prio.none:
+    codes = Codes(prio, rank=0, world_size=1)
+    decoded = codes.decode(int(codes.of_row(values, meta, when=0).item()), len(prio.rungs))
+    if decoded is None:
         return None
+    _, level, _ = decoded
     rung = prio.rungs[level]
     before = prio.rungs[level - 1] if level else None
     previous = before.index if before is not None and before.spec is rung.spec else None
