@@ -18,12 +18,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 #: Cases the first run (commit 65b1ca1, detectors unchanged) did not get right: stem -> what happened.
 FIRST_RUN_WRONG: dict[str, str] = {
-    "adam_small_init_classifier": "update_ratio 'too high' at step 3 from the lower bound (34%, 30%, 24%) on a falling loss",
-    "converged_noiseless_fit": "update_ratio 'too low' at step 50 (8.1e-9) on a loss that fell 29 -> 1e-9",
-    "fast_falling_regression": "update_ratio 'too high' at step 3 (111%, 40%, 17%) on a loss falling 1000x in 22 steps",
-    "gan_generator_loss_on_detached_fake": "no_gradient@'G' found, but the message lists possible cuts instead of "
-                                           "saying G's output was detached while its optimizer steps",
-    "wgan_critic_output_bias": "no_gradient (error) on the critic's output bias, whose gradient is 0 by construction",
     "zero_grad_in_place_after_backward": "no_update missed; only plateau at step 29",
 }
 

@@ -31,7 +31,6 @@ FIRST_RUN_MISSES: dict[str, str] = {
                                         "but the lr rises again from step 40",
     "dataset_labels_misaligned_with_images": "nothing reported: loss at chance ln 2, but noise dips "
                                              "of 6% pass plateau's 3% improvement test",
-    "encoder_under_no_grad_with_own_optimizer": "no_gradient named 'encoder.convnet', not the network 'encoder'",
     "handwritten_bce_log_of_zero": "non_finite at step 48 named likely cause 'learning_rate' "
                                    "(from 2.bias's update ratio 1.21), want 'local_loss'",
     "kl_div_on_probabilities": "invalid_loss_input not found, nothing reported (kl_div is not watched)",
