@@ -18,7 +18,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 #: Cases the first run (commit 65b1ca1, detectors unchanged) did not get right: stem -> what happened.
 FIRST_RUN_WRONG: dict[str, str] = {
-    "zero_grad_in_place_after_backward": "no_update missed; only plateau at step 29",
 }
 
 

@@ -25,10 +25,6 @@ FIRST_RUN_MISSES: dict[str, str] = {
     "class_indices_as_bce_targets": "invalid_target not found, nothing reported (loss targets are never reduced)",
     "box_target_log_of_zero_height": "non_finite at step 15 named likely cause 'learning_rate' "
                                      "(from 2.bias's update ratio 0.14), want 'data' (a -inf target)",
-    "clip_grad_norm_max_norm_zero": "nothing reported: gradients zeroed in place by clip_grad_norm_(max_norm=0) "
-                                    "read as zero gradients, not as cleared ones",
-    "cosine_schedule_shorter_than_run": "no_update at step 32 says 'no parameter can move any more', "
-                                        "but the lr rises again from step 40",
     "dataset_labels_misaligned_with_images": "nothing reported: loss at chance ln 2, but noise dips "
                                              "of 6% pass plateau's 3% improvement test",
     "handwritten_bce_log_of_zero": "non_finite at step 48 named likely cause 'learning_rate' "
