@@ -38,7 +38,7 @@ import numpy as np
 
 from .._record import StepRecord
 
-__all__ = ["FAST_Z", "RISE_Z", "SLOW_Z", "LossHistory", "Support"]
+__all__ = ["FAST_Z", "RISE_Z", "SLOW_Z", "LossHistory", "Support", "noise_band", "standard_errors"]
 
 #: A rise of a window median above the lowest earlier one, in standard errors of the difference,
 #: that batch noise does not produce (also read as "beyond the noise band").
@@ -91,6 +91,8 @@ class Change:
     steps_before: tuple[int, int]
     steps_after: tuple[int, int]
     z: float
+    #: The standard error of the difference (the loss's own noise, for windows of this size).
+    se: float = math.nan
 
     @property
     def ratio(self) -> float:
@@ -178,7 +180,7 @@ class LossHistory:
         s = self.noise(since, until) if sigma is None else sigma
         a, b = float(np.median(values[:w])), float(np.median(values[-w:]))
         return Change(a, b, (int(steps[0]), int(steps[w - 1])), (int(steps[-w]), int(steps[-1])),
-                      _z(b - a, s, w))
+                      standard_errors(b - a, s, w), _MEDIAN_SE * s * math.sqrt(2.0 / w))
 
     def rise(self, since: Optional[int] = None) -> Optional[Change]:
         """The largest rise of a window (consecutive, equal windows from ``since``) above the
@@ -205,7 +207,7 @@ class LossHistory:
                 low = i - 1
             ref, now = levels[low], levels[i]
             up = now[0] - ref[0]
-            z = _z(up, s, ref[1], now[1])
+            z = standard_errors(up, s, ref[1], now[1])
             scale = max(abs(ref[0]), abs(now[0]))
             doubled = ref[0] > 0 and now[0] >= DOUBLE * ref[0]
             if ((z >= RISE_Z and up > RISE_FRACTION * scale) or doubled) and (best is None or up > best.after - best.before):
@@ -278,7 +280,7 @@ class LossHistory:
         return Support("supported", f"the loss went from {fell.describe()}", _figures(fell, "loss_change"))
 
 
-def _z(diff: float, sigma: float, w: int, w_after: Optional[int] = None) -> float:
+def standard_errors(diff: float, sigma: float, w: int, w_after: Optional[int] = None) -> float:
     """``diff`` in standard errors of a difference of two medians of ``w`` and ``w_after``
     (default ``w``) values."""
     se = _MEDIAN_SE * sigma * math.sqrt(1.0 / w + 1.0 / (w_after or w))

@@ -27,12 +27,16 @@ Thresholds:
   rise again: a cosine stepped past its T_max climbs back).
 - An optimizer whose parameters are all frozen (``requires_grad=False``) while backward runs
   updates nothing: reported after ``min_still`` such steps, naming the optimizer as the cause.
+- A converged fit is not a fault: when the loss at every still step is bit-identical and at
+  least ``_CONVERGED`` times below the run's first loss, the optimizer declined to move at its
+  own tolerance (L-BFGS stops at ``tolerance_change`` on a full batch): reported as ``info``.
 - AMP-skipped steps and frozen parameters are never counted; with several optimizers, a
   parameter is judged only on rows where its own optimizer stepped (critic steps of a GAN).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
@@ -54,6 +58,8 @@ __all__ = ["NoUpdateDetector"]
 #: accumulated in float32 or better (``_collect/probes/norms.py``), and a weight dtype coarser
 #: than that raises the bar to its own epsilon.
 _RESOLUTION = 1e-5
+#: A loss this many times below the run's first loss, flat to the last bit: a converged fit.
+_CONVERGED = 1e3
 
 
 class NoUpdateDetector(Detector):
@@ -83,6 +89,9 @@ class NoUpdateDetector(Detector):
         self._resolution = {n: max(_RESOLUTION, float(torch.finfo(dtype).eps))
                             for n, dtype in self.ctx.param_dtypes.items() if dtype.is_floating_point}
         self._prev: Optional[StepRecord] = None
+        #: The run's first finite loss, and the loss of recent steps (for "converged").
+        self._first_loss: Optional[float] = None
+        self._losses: dict[int, float] = {}
         self._still: dict[str, list[int]] = {}
         self._max_lr = 0.0
         self._cleared_steps: list[int] = []
@@ -115,6 +124,12 @@ class NoUpdateDetector(Detector):
 
     def update(self, record: StepRecord) -> None:
         self.cut.add(record)
+        if record.loss is not None and math.isfinite(record.loss):
+            if self._first_loss is None:
+                self._first_loss = record.loss
+            self._losses[record.step] = record.loss
+            if len(self._losses) > 64:
+                del self._losses[min(self._losses)]
         watched = self._watched()
         rec = record
         lrs = [lr for lr in rec.meta.lrs if lr is not None]
@@ -264,6 +279,23 @@ class NoUpdateDetector(Detector):
         grads = dict(zip(last.names, last.at_step.tolist())) if last is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
         fell = self._lr_zero_since
+        losses = [self._losses.get(st) for st in steps]
+        first = self._first_loss
+        converged = (first is not None and first > 0 and all(v is not None for v in losses)
+                     and len(set(losses)) == 1 and losses[0] is not None and 0 <= losses[0] * _CONVERGED <= first)
+        if converged and not lr_zero:
+            return [self.finding(
+                f"{len(still)} parameter(s) under {module or '<model>'} did not change over {len(steps) + 1} "
+                f"consecutive optimizer steps while their gradients were non-zero, but the loss was "
+                f"{losses[0]:.4g} at every one of them, bit for bit, {first / max(losses[0], 1e-300):.3g}x below "
+                "its start: a converged fit, where the optimizer declines to move at its own tolerance "
+                "(L-BFGS's tolerance_change on a full batch), not a step without effect",
+                module=module, step=max(self._still_until.get(n, steps[-1] + 1) for n in still),
+                onset_step=min(self._confirmed[n] for n in still), severity="info",
+                next_check="continue_training_or_collect_more_evidence",
+                evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16], "loss": losses[0],
+                          "first_loss": first, "converged": True},
+            )]
         if lr_zero and fell is not None:
             cause = (f"the learning rate fell to exactly 0 at step {fell} after peaking at "
                      f"{self._max_lr:.3g} (a step schedule with gamma 0, or a decay to min_lr=0 "
