@@ -279,21 +279,19 @@ class NoUpdateDetector(Detector):
         grads = dict(zip(last.names, last.at_step.tolist())) if last is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
         fell = self._lr_zero_since
-        losses = [self._losses.get(st) for st in steps]
+        flat = self._converged_loss(steps)
         first = self._first_loss
-        converged = (first is not None and first > 0 and all(v is not None for v in losses)
-                     and len(set(losses)) == 1 and losses[0] is not None and 0 <= losses[0] * _CONVERGED <= first)
-        if converged and not lr_zero:
+        if flat is not None and first is not None and not lr_zero:
             return [self.finding(
                 f"{len(still)} parameter(s) under {module or '<model>'} did not change over {len(steps) + 1} "
                 f"consecutive optimizer steps while their gradients were non-zero, but the loss was "
-                f"{losses[0]:.4g} at every one of them, bit for bit, {first / max(losses[0], 1e-300):.3g}x below "
+                f"{flat:.4g} at every one of them, bit for bit, {first / max(flat, 1e-300):.3g}x below "
                 "its start: a converged fit, where the optimizer declines to move at its own tolerance "
                 "(L-BFGS's tolerance_change on a full batch), not a step without effect",
                 module=module, step=max(self._still_until.get(n, steps[-1] + 1) for n in still),
                 onset_step=min(self._confirmed[n] for n in still), severity="info",
                 next_check="continue_training_or_collect_more_evidence",
-                evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16], "loss": losses[0],
+                evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16], "loss": flat,
                           "first_loss": first, "converged": True},
             )]
         if lr_zero and fell is not None:
@@ -314,6 +312,16 @@ class NoUpdateDetector(Detector):
                       "lrs": [lr for lr in lrs if lr is not None], "max_lr_seen": self._max_lr,
                       "lr_zero_since": fell if lr_zero else None},
         )]
+
+    def _converged_loss(self, steps: list[int]) -> Optional[float]:
+        """The loss of a converged fit over ``steps``: bit-identical at each and ``_CONVERGED``
+        times below the run's first loss (None otherwise)."""
+        first = self._first_loss
+        losses = {self._losses.get(st) for st in steps}
+        if first is None or first <= 0 or len(losses) != 1:
+            return None
+        (value,) = losses
+        return value if value is not None and 0 <= value * _CONVERGED <= first else None
 
     def _cleared_finding(self) -> list[Finding]:
         if "<cleared>" in self._reported or len(self._cleared_steps) < self.min_still:
