@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 import torch_sentinel
-from torch_sentinel.detectors._layers import layer_norms, layers as _layers
+from torch_sentinel.detectors._layers import layer_norms
+from torch_sentinel.detectors._layers import layers as _layers
 
 
 def _deep(n: int = 8) -> nn.Sequential:

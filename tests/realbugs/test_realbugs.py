@@ -27,19 +27,13 @@ FIRST_RUN_MISSES: dict[str, str] = {
                                      "(from 2.bias's update ratio 0.14), want 'data' (a -inf target)",
     "dataset_labels_misaligned_with_images": "nothing reported: loss at chance ln 2, but noise dips "
                                              "of 6% pass plateau's 3% improvement test",
-    "handwritten_bce_log_of_zero": "non_finite at step 48 named likely cause 'learning_rate' "
-                                   "(from 2.bias's update ratio 1.21), want 'local_loss'",
     "kl_div_on_probabilities": "invalid_loss_input not found, nothing reported (kl_div is not watched)",
     "log_softmax_over_batch_dim": "invalid_loss_input not found, nothing reported (nll_loss inputs "
                                   "are not checked for log-probabilities over dim 1)",
     "log_softmax_reshaped_without_permute": "invalid_loss_input not found; only plateau at step 29 (at chance ln 2)",
-    "minibatch_std_on_batch_of_one": "non_finite in D.mbstd at step 8 named likely cause 'accumulating_gradients' "
-                                     "(G's gradients counted as stale), want 'local_forward'",
     "nll_loss_on_raw_logits": "invalid_loss_input not found, nothing reported",
     "nll_loss_on_softmax_probabilities": "reported as probabilities_as_logits ('nll_loss expects logits'), "
                                          "invalid_loss_input not found",
-    "shared_input_mlp_for_two_features": "shared_module not found, nothing reported (no mechanism)",
-    "shared_residual_via_list_multiplication": "shared_module not found, nothing reported (no mechanism)",
     "sigmoid_output_with_default_bce_with_logits": "probabilities_as_logits named '' (the squeezed root output), "
                                                    "not the Sigmoid at 'output.1'",
     "step_lr_stepped_per_batch": "update_ratio 'too low' concluded at step 50, reported at 59; onset 14",

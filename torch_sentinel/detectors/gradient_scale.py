@@ -281,6 +281,7 @@ class ExplodingGradientDetector(_GradientScale):
     kind = "exploding_gradient"
     next_check = "lower_learning_rate_or_clip_gradients"
     hypothesis = "gradients grow through depth or time"
+    explains = ("diverging",)
     thresholds = {
         "min_steps": Threshold(5, "steps, median: one step never decides"),
         "ratio": Threshold(70.0, "AUTOTRAINER: first/last layer ratio above 70"),

@@ -41,12 +41,14 @@ import numpy as np
 
 from .._collect.graph_walk import LossGraph
 from .._collect.network_forwards import NetworkForwards, network_of
+from .._collect.probe import Probe
 from .._collect.probes.norms import GradNorms
 from .._collect.probes.outgrad import OutputGradients
 from .._findings import Finding
 from .._record import StepRecord
 from ._common import GraphCut, common_module, trained
 from .base import Detector, Threshold
+from .shared_module import ModuleStructure, padding_row_findings
 
 __all__ = ["NoGradientDetector"]
 
@@ -56,11 +58,20 @@ class NoGradientDetector(Detector):
     rung = "gradients"
     next_check = "inspect_graph_connectivity"
     hypothesis = "the graph is cut (detach, numpy round trip) or a branch is unused"
+    explains = ("plateau", "vanishing_gradient", "no_update", "update_ratio")
     reads = (GradNorms, LossGraph, OutputGradients, NetworkForwards)
     thresholds = {"min_steps": Threshold(5, "steps with a backward: one could be a branch skipped by chance, "
                                             "five in a row is a wiring fault")}
 
+    def __init__(self) -> None:
+        #: The model's structure at attach: embedding rows without a gradient by construction.
+        self.structure = ModuleStructure()
+
+    def probes(self) -> Sequence[Probe]:
+        return (self.structure,)
+
     def setup(self) -> None:
+        self._structural_done = False
         self.min_steps = int(self.threshold("min_steps"))
         self.cut = GraphCut()
         self._steps = 0
@@ -180,6 +191,9 @@ class NoGradientDetector(Detector):
                 counts[1] += forwards.without_grad[i]
 
     def conclude(self, final: bool = False) -> Iterable[Finding]:
+        if not self._structural_done:  # at attach: what the model's structure already says
+            self._structural_done = True
+            return padding_row_findings(self, self.structure)
         cut = self._cut_verdict()
         if cut:
             return cut

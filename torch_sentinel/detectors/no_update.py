@@ -69,6 +69,7 @@ class NoUpdateDetector(Detector):
     rung = "updates"
     next_check = "inspect_optimizer_update"
     hypothesis = "the optimizer does not move these parameters"
+    explains = ("plateau", "update_ratio")  # weights that never move: the loss cannot fall
     reads = (GradNorms, WeightNorms, WeightChange, LossGraph, ClearedBeforeStep)
     thresholds = {"min_still": Threshold(3, "consecutive still steps per parameter: a warm-up whose first "
                                             "step has lr 0 gives one, which is healthy")}

@@ -38,6 +38,7 @@ class UnregisteredParameterDetector(Detector):
     rung = "updates"
     next_check = "register_parameters_with_optimizer"
     hypothesis = "trainable tensors are missing from every optimizer param group"
+    explains = ("plateau", "no_update")
     reads = (LossGraph, GradNorms, HeldParameters)
     thresholds = {"walk_every": Threshold(500, "steps between walks of the loss's graph (a few ms each, host only)")}
 

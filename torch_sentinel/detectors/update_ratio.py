@@ -57,6 +57,7 @@ class UpdateRatioDetector(Detector):
     rung = "updates"
     next_check = "inspect_learning_rate"
     hypothesis = "the learning rate is out of scale with the weights"
+    explains = ("diverging", "exploding_gradient", "plateau")  # oversized (or vanishing) steps
     reads = (UpdateNorms, WeightNorms)
     thresholds = {
         "high": Threshold(0.1, "DeepDiagnosis's upper bound on lr*||dW||/||W||, 100x the 1e-3 rule of thumb"),

@@ -17,14 +17,14 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..._record import Fact, StepRecord
 from .. import batch
 from ..cadence import sampled
 from ..ledger import FLOAT_MAX
-from ..._record import Fact, StepRecord
 from ..probe import Probe, ProbeHost
-from .clip import preclip
 from ..shards import ShardedNorms, local
 from ..tensors import NATIVE_DTYPES, all_finite, foreach_norms, materialized, reduces
+from .clip import preclip
 
 __all__ = ["GradNorms", "NormsProbe", "StaleGradients", "WeightNorms"]
 
