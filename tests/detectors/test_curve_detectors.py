@@ -48,7 +48,7 @@ def run(detector: Detector, records: list[StepRecord], window: int = 10) -> list
         for rec in records[i : i + window]:
             detector.update(rec)
         found += [*detector.conclude(), *detector.take_flagged()]
-    return found + [*detector.conclude(final=True), *detector.take_flagged()]
+    return [*found, *detector.conclude(final=True), *detector.take_flagged()]
 
 
 rng = np.random.default_rng(0)

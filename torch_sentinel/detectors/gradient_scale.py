@@ -41,7 +41,7 @@ import collections
 import dataclasses
 import math
 from collections.abc import Iterable
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ class DepthWalk(Probe):
 
 class _GradientScale(Detector):
     rung = "gradients"
-    reads: tuple[type[Fact], ...] = (GradNorms, OutputGradients)
+    reads: ClassVar[tuple[type[Fact], ...]] = (GradNorms, OutputGradients)
 
     def setup(self) -> None:
         self.min_steps = int(self.threshold("min_steps"))
