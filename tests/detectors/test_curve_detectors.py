@@ -210,3 +210,11 @@ def test_plateau_waits_for_the_warm_up_and_for_a_slow_start() -> None:
     assert run(bound(PlateauDetector, ctx()), warm) == []
     slow = [record(s, 4.14 + NOISE[s] * 4 if s < 28 else 4.14 - 0.03 * (s - 28)) for s in range(100)]
     assert run(bound(PlateauDetector, ctx()), slow) == []
+
+
+def test_a_long_converged_run_is_not_a_plateau_once_the_history_forgets_its_start() -> None:
+    """The loss history is bounded (256 steps); a run that learned in its first 100 steps and
+    then sat at its floor for 900 more is converging, not stuck."""
+    gen = np.random.default_rng(2)
+    losses = [max(0.2, 2.3 - s / 40) + gen.normal(0, 0.01) for s in range(1000)]
+    assert run(bound(PlateauDetector, ctx()), [record(s, x) for s, x in enumerate(losses)]) == []

@@ -23,8 +23,7 @@ The statistics compare like with like and measure the loss against itself:
   by ``RISE_FRACTION`` of its magnitude, or the loss became non-finite;
 - **slow progress**: over a span, the last window is not significantly below the first.
 
-Memory is bounded: the last ``maxlen`` losses, plus the first loss of the run and the extremes
-of the smoothed curve.
+Memory is bounded: the last ``maxlen`` (256) losses, plus the first loss of the run.
 """
 
 from __future__ import annotations
@@ -118,7 +117,7 @@ class LossHistory:
     """The training loss of recent steps (finite values, AMP-skipped steps left out), and the
     statistics the dynamics verdicts read."""
 
-    def __init__(self, maxlen: int = 512) -> None:
+    def __init__(self, maxlen: int = 256) -> None:
         self._steps: collections.deque[int] = collections.deque(maxlen=maxlen)
         self._values: collections.deque[float] = collections.deque(maxlen=maxlen)
         self.count = 0
@@ -180,6 +179,19 @@ class LossHistory:
         s = self.noise(since, until) if sigma is None else sigma
         a, b = float(np.median(values[:w])), float(np.median(values[-w:]))
         return Change(a, b, (int(steps[0]), int(steps[w - 1])), (int(steps[-w]), int(steps[-1])),
+                      standard_errors(b - a, s, w), _MEDIAN_SE * s * math.sqrt(2.0 / w))
+
+    def change_from(self, head: list[tuple[int, float]], since: Optional[int] = None) -> Optional[Change]:
+        """Like :meth:`change`, with the first window taken from ``head`` (the first losses of
+        the span, kept by the caller after this history forgot them): equal windows of
+        ``len(head)`` values, in the span's own noise."""
+        steps, values = self.span(since)
+        w = len(head)
+        if w < 3 or len(values) < w:
+            return None
+        a, b = float(np.median([v for _, v in head])), float(np.median(values[-w:]))
+        s = self.noise(since)
+        return Change(a, b, (head[0][0], head[-1][0]), (int(steps[-w]), int(steps[-1])),
                       standard_errors(b - a, s, w), _MEDIAN_SE * s * math.sqrt(2.0 / w))
 
     def rise(self, since: Optional[int] = None) -> Optional[Change]:
@@ -257,15 +269,16 @@ class LossHistory:
         if recent.z <= -SLOW_Z:
             return Support("contradicted", f"the loss is still falling, from {recent.describe()} "
                                            f"({-recent.z:.3g} standard errors)", _figures(recent, "loss_change"))
-        whole = self.change()
         stalled = f"the loss stalled since step {onset}: {recent.describe()}"
         if lr_fell is not None and lr_fell >= 1e3:
             return Support("supported", f"{stalled}, while the learning rate fell {lr_fell:.3g}x below its peak",
                            {**_figures(recent, "loss_change"), "lr_fell": lr_fell})
-        if whole is not None and whole.before > 0 and 0 <= whole.after <= 0.1 * whole.before:
-            return Support("contradicted", f"the loss fell {whole.before / max(whole.after, 1e-300):.3g}x over the "
-                                           f"run ({whole.describe()}): a fit that has converged, whose updates "
-                                           "are small because its gradients are", _figures(whole, "loss_change"))
+        first = self.first  # the loss before any update: kept for good, the history is bounded
+        if first is not None and first[1] > 0 and 0 <= recent.after <= 0.1 * first[1]:
+            return Support("contradicted", f"the loss fell {first[1] / max(recent.after, 1e-300):.3g}x over the "
+                                           f"run ({first[1]:.4g} at step {first[0]} to {recent.describe()}): a fit "
+                                           "that has converged, whose updates are small because its gradients are",
+                           {**_figures(recent, "loss_change"), "first_loss": first[1]})
         return Support("supported", stalled, _figures(recent, "loss_change"))
 
     def not_improving_fast(self, since: Optional[int] = None) -> Support:

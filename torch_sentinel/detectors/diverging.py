@@ -67,8 +67,8 @@ class DivergingDetector(Detector):
         self.loss = LossHistory()
         self._window: list[tuple[int, float]] = []
         self._recent: collections.deque[float] = collections.deque(maxlen=SMOOTH)
-        #: (first step, last step, median) of every complete window so far (bounded)
-        self._medians: collections.deque[tuple[int, int, float]] = collections.deque(maxlen=256)
+        #: (first step, last step, median) of the first complete window, and of the lowest so far
+        self._start: Optional[tuple[int, int, float]] = None
         self._lowest: Optional[tuple[int, int, float]] = None
         self._run: list[tuple[int, int, float]] = []
         self._reported = False
@@ -78,7 +78,7 @@ class DivergingDetector(Detector):
         self._after_count = 0
         #: (step, global update/weight ratio) of sampled steps, and (step, total gradient norm)
         self._ratios: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)
-        self._grads: collections.deque[tuple[int, float]] = collections.deque(maxlen=512)
+        self._grads: collections.deque[tuple[int, float]] = collections.deque(maxlen=256)
 
     def update(self, record: StepRecord) -> None:
         if self._reported or self.ctx.adversarial():
@@ -123,9 +123,9 @@ class DivergingDetector(Detector):
             self._after_count += 1
 
     def _judge(self, now: tuple[int, int, float]) -> Optional[Finding]:
-        start = self._medians[0] if self._medians else now
+        start = self._start if self._start is not None else now
+        self._start = start
         low = self._lowest
-        self._medians.append(now)
         if low is None or now[2] < low[2]:
             self._lowest = now
         if low is not None and self._climbed(low, now, start, confirming=bool(self._run)):

@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
+
 from .._collect.loss_inputs import LossCall
 from .._findings import Finding
 from .._record import StepRecord
@@ -36,6 +38,8 @@ __all__ = ["PlateauDetector"]
 
 #: Steps a stall must still hold after it was first seen (a slow start shows progress by then).
 _CONFIRM = 10
+#: First losses of the judged history kept for good (the size of the largest window).
+_HEAD = 10
 #: Standard errors added to the measured fall for its upper bound (~95%).
 STALL_Z = 2.0
 
@@ -64,6 +68,10 @@ class PlateauDetector(Detector):
         self._lr: Optional[float] = None
         #: (step, history length) where a stall was first seen; it must hold 10 steps later.
         self._candidate: Optional[tuple[int, int]] = None
+        #: The first losses of the history judged (since ``_since``), kept for good: the bounded
+        #: history forgets them, and a run that learned long ago is converging, not stuck.
+        self._head: list[tuple[int, float]] = []
+        self._count = 0
 
     def update(self, record: StepRecord) -> None:
         self.loss.add(record)
@@ -73,10 +81,18 @@ class PlateauDetector(Detector):
             if self._lr is not None and lr > self._lr:
                 self._since = record.step + 1  # still warming up (or restarting): not evidence yet
                 self._candidate = None
+                self._head = []
+                self._count = 0
             self._lr = lr
         call = record.fact(LossCall)
         if call is not None and call.classes is not None:
             self._classes = call.classes
+        loss = record.loss
+        if loss is not None and math.isfinite(loss) and not record.meta.amp_skipped \
+                and (self._since is None or record.step >= self._since):
+            self._count += 1
+            if len(self._head) < _HEAD:
+                self._head.append((record.step, loss))
         if not self._reported and record.loss is not None:
             for found in self._verdict():
                 self.flag(found)
@@ -87,10 +103,13 @@ class PlateauDetector(Detector):
         if self.ctx.adversarial():
             return []  # an adversarial loss (a GAN's) is not meant to fall (core scoping)
         steps, values = self.loss.span(self._since)
-        n = len(values)
+        n = self._count
         change = self.loss.change(self._since)
         if n < self.min_steps or change is None:
             return []
+        if len(values) < n:  # the history forgot the first losses: compare with the kept head
+            change = self.loss.change_from(self._head, self._since)
+            steps = np.concatenate([[self._head[0][0]], steps])
         start, now = change.before, change.after
         fell = start - now
         # Stalled only if the fall is confidently below the bar: even at its upper bound (two
