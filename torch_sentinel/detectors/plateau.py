@@ -109,6 +109,8 @@ class PlateauDetector(Detector):
             return []
         if len(values) < n:  # the history forgot the first losses: compare with the kept head
             change = self.loss.change_from(self._head, self._since)
+            if change is None:
+                return []
             steps = np.concatenate([[self._head[0][0]], steps])
         start, now = change.before, change.after
         fell = start - now
