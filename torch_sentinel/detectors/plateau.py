@@ -40,6 +40,8 @@ __all__ = ["PlateauDetector"]
 _CONFIRM = 10
 #: First losses of the judged history kept for good (the size of the largest window).
 _HEAD = 10
+#: Losses between two judgements while no stall is pending (host time: a median over 256 values).
+_EVERY = 5
 #: Standard errors added to the measured fall for its upper bound (~95%).
 STALL_Z = 2.0
 
@@ -93,7 +95,9 @@ class PlateauDetector(Detector):
             self._count += 1
             if len(self._head) < _HEAD:
                 self._head.append((record.step, loss))
-        if not self._reported and record.loss is not None:
+        # judged every _EVERY losses (and at each step while a stall waits for its confirmation)
+        due = self._candidate is not None or self._count % _EVERY == 0
+        if not self._reported and record.loss is not None and self._count >= self.min_steps and due:
             for found in self._verdict():
                 self.flag(found)
 

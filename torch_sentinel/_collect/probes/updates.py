@@ -44,6 +44,8 @@ class UpdateProbe(Probe):
         self._slots: list[int] = []
         #: Reused copies, per optimizer (by id).
         self._kept_shadow: dict[int, list[torch.Tensor]] = {}
+        #: (optimizer id, parameters it holds) -> its slots.
+        self._slots_cache: dict[tuple[int, int], list[int]] = {}
 
     @property
     def update_every(self) -> int:
@@ -63,13 +65,19 @@ class UpdateProbe(Probe):
         parameters, into their own slots: with several optimizers (a GAN's two networks) the
         row then holds every network's update, not only the last one's with the others at 0."""
         tensors = self.host.param_tensors
+        key = (id(optimizer), sum(len(g["params"]) for g in optimizer.param_groups) if optimizer is not None else -1)
+        cached = self._slots_cache.get(key)
+        if cached is not None:
+            return cached  # membership changes only through add_param_group (a new count)
         held: Sequence[int]
         if optimizer is None:
             held = range(len(tensors))
         else:
             ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
             held = [i for i, p in enumerate(tensors) if id(p) in ids]
-        return [i for i in held if reduces(tensors[i].dtype, tensors[i].device)]
+        slots = [i for i in held if reduces(tensors[i].dtype, tensors[i].device)]
+        self._slots_cache[key] = slots
+        return slots
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         every = self.update_every
