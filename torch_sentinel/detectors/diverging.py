@@ -22,7 +22,7 @@ Two shapes of divergence:
 A climbing loss is a symptom; the claim the finding makes (``next_check`` "lower the learning
 rate": the optimization is unstable) needs the detector's update-side figures to agree. An
 unstable optimizer shows it in the updates: an update/weight ratio above ``update_ratio.high``
-on a sampled step since shortly before the climb began, a gradient norm grown ``_GRAD_GROWTH``
+(``diverging.unstable_ratio``, the same 0.1) on a sampled step since shortly before the climb began, a gradient norm grown ``_GRAD_GROWTH``
 times over the climb, or a loss that went non-finite. Without one of those the loss climbed for
 another reason (a value loss whose targets grow as a policy improves, a robust loss whose batch
 value depends on how many outliers the batch holds) and the finding is ``info``, with the
@@ -58,12 +58,16 @@ class DivergingDetector(Detector):
     next_check = "lower_learning_rate"
     hypothesis = "the optimization is unstable"
     reads = (GradNorms, UpdateNorms, WeightNorms)
-    thresholds = {"factor": Threshold(2.0, "a doubling of the loss's window median over its lowest "
-                                            "window: no healthy curve doubles, held two windows")}
+    thresholds = {
+        "factor": Threshold(2.0, "a doubling of the loss's window median over its lowest window: no "
+                                 "healthy curve doubles, held two windows"),
+        "unstable_ratio": Threshold(0.1, "update_ratio.high: an update/weight ratio above it is an "
+                                         "unstable optimizer (DeepDiagnosis)"),
+    }
 
     def setup(self) -> None:
         self.factor = self.threshold("factor")
-        self.high = self.ctx.threshold("update_ratio.high", 0.1)
+        self.high = self.threshold("unstable_ratio")
         self.loss = LossHistory()
         self._window: list[tuple[int, float]] = []
         self._recent: collections.deque[float] = collections.deque(maxlen=SMOOTH)
@@ -78,6 +82,8 @@ class DivergingDetector(Detector):
         self._after_count = 0
         #: (step, global update/weight ratio) of sampled steps, and (step, total gradient norm)
         self._ratios: collections.deque[tuple[int, float]] = collections.deque(maxlen=64)
+        #: The latest learning rate (at 0 no gradient makes the optimizer unstable).
+        self._lr: Optional[float] = None
         self._grads: collections.deque[tuple[int, float]] = collections.deque(maxlen=256)
 
     def update(self, record: StepRecord) -> None:
@@ -102,6 +108,9 @@ class DivergingDetector(Detector):
             self.flag(found)
 
     def _track_updates(self, rec: StepRecord) -> None:
+        lrs = [lr for lr in rec.meta.lrs if lr is not None]
+        if lrs:
+            self._lr = max(lrs)
         grads = rec.fact(GradNorms)
         if grads is not None and math.isfinite(grads.total):
             self._grads.append((rec.step, grads.total))
@@ -199,7 +208,7 @@ class DivergingDetector(Detector):
         # is not growth
         during = [g for s, g in self._grads if s >= onset]
         ahead = [g for s, g in self._grads if s < onset][-max(len(during), SMOOTH):]
-        if len(ahead) >= SMOOTH and len(during) >= SMOOTH:
+        if len(ahead) >= SMOOTH and len(during) >= SMOOTH and self._lr != 0:
             growth = min(float(np.quantile(during, q)) / max(float(np.quantile(ahead, q)), 1e-30) for q in (0.5, 0.9))
             a, b = float(np.median(ahead)), float(np.median(during))
             figures["grad_norm"] = {"before": a, "during": b, "growth": growth}
