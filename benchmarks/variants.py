@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 import torch_sentinel
-from torch_sentinel._collect.collector import iter_tensors
+from torch_sentinel._collect.tensors import iter_tensors
+from torch_sentinel.facts import Activations
 
 __all__ = ["DEFAULT_VARIANTS", "VARIANTS", "SentinelVariant", "Variant", "make_variant"]
 
@@ -82,11 +83,9 @@ class SentinelVariant(Variant):
         """Whether the forward hooks wrote this run's last landed row (under torch.compile,
         hooks can be silently skipped: see prior-art.md)."""
         self.sentinel.flush()
-        recent = getattr(self.sentinel, "_recent", None)
-        if not recent:
-            return False
-        act_max = recent[-1].array("act.max")
-        return bool((act_max > -3.0e38).any())
+        recent = self.sentinel.recent_records()
+        seen = recent[-1].fact(Activations) if recent else None
+        return seen is not None and bool((seen.hi > -3.0e38).any())
 
 
 class SentinelDeferred(SentinelVariant):

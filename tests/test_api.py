@@ -9,9 +9,9 @@ import pytest
 import torch
 from helpers import MLP, MODELS, train
 from torch import nn
+from userscript import events
 
 import torch_sentinel
-from torch_sentinel import SentinelError
 
 
 def _opt(model: nn.Module) -> torch.optim.Optimizer:
@@ -34,14 +34,39 @@ def test_attach_rejects_bad_objects(model, optimizer, error, match) -> None:
         torch_sentinel.attach(m, optimizer(m))
 
 
-def test_attaching_twice_is_an_error_until_detached() -> None:
+def test_attaching_again_after_surgery_replaces_the_sentinel_and_watches_the_new_layer(tmp_path) -> None:
+    """The README's "Replacing a submodule after attach()": attach again to watch everything."""
+    torch.manual_seed(0)
     m = MLP()
     opt = _opt(m)
-    s = torch_sentinel.attach(m, opt)
-    with pytest.raises(SentinelError, match=r"already attached to this MLP.*\n.*expected:\s+one sentinel per model"):
-        torch_sentinel.attach(m, opt)
-    s.detach()
-    torch_sentinel.attach(m, opt).detach()
+    first = torch_sentinel.attach(m, opt, log_dir=str(tmp_path), flush_every=5)
+    train(m, opt, "mlp", 5, corrupt=lambda step, x: x * 40)  # unnormalized inputs: a finding
+    found = [f.kind for f in first.findings]
+    assert "unnormalized_input" in found
+    m.head = nn.Linear(32, 4)  # surgery, and an optimizer for the new parameters
+    opt = _opt(m)
+    second = torch_sentinel.attach(m, opt, log_dir=str(tmp_path))
+    assert not first.attached and second.attached
+    assert second.step == 5  # the run goes on
+    assert [f.kind for f in first.report().findings] == found  # the old report still answers
+    train(m, opt, "mlp", 5, corrupt=lambda step, x: x * 40, seed=1)
+    second.detach()
+    # the new head's parameters are watched: their gradient norms are in the rows
+    assert all(r.mapping("grad_norm")["head.weight"] > 0 for r in second.recent_records())
+    # findings carry over, not reported twice; every step is in TensorBoard once
+    assert [f.kind for f in second.findings].count("unnormalized_input") == 1
+    lines = (tmp_path / "findings.jsonl").read_text().splitlines()
+    assert sum('"unnormalized_input"' in line for line in lines) == 1
+    assert [e.step for e in events(tmp_path).Scalars("loss/train")] == list(range(10))
+
+
+def test_attaching_again_with_bad_options_leaves_the_first_sentinel_attached() -> None:
+    m = MLP()
+    opt = _opt(m)
+    with torch_sentinel.attach(m, opt) as s:
+        with pytest.raises(torch_sentinel.OptionError):
+            torch_sentinel.attach(m, opt, flush_every=0)
+        assert s.attached
 
 
 def test_optimizer_without_model_parameters_warns() -> None:
@@ -157,7 +182,7 @@ def test_validation_after_the_last_step_reaches_the_report(as_tensor: bool) -> N
     with torch_sentinel.attach(model, opt) as s:
         train(model, opt, "mlp", 3)
         s.observe_validation(torch.tensor(0.75) if as_tensor else 0.75)
-    validations = [r.validation for r in s._recent if r.validation is not None]
+    validations = [r.validation for r in s.recent_records() if r.validation is not None]
     assert validations == [0.75]
-    assert s._recent[-1].step == 3 and s._recent[-1].loss is None
+    assert s.recent_records()[-1].step == 3 and s.recent_records()[-1].loss is None
     assert s.report().ok

@@ -13,6 +13,7 @@ from ._errors import (
     InstrumentationError,
     NonFiniteError,
     OptionError,
+    ReplicaDivergenceError,
     SentinelError,
     ShapeContractError,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "InstrumentationError",
     "NonFiniteError",
     "OptionError",
+    "ReplicaDivergenceError",
     "Report",
     "RunContext",
     "Sentinel",

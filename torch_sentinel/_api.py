@@ -7,30 +7,36 @@ at the next hook or step call after their copy to the host has landed.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
-import warnings
 from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import nn
 
-from ._collect.collector import Collector, Fault
+from ._collect.collector import Collector
 from ._collect.model_map import unwrap_model
 from ._collect.probe import Probe
 from ._collect.probes.clip import ClipProbe
-from ._record import StepRecord
-from ._compile import HookLiveness, first_fault_in_row
+from ._compile import HookLiveness
 from ._distributed import RankSync, gather_findings
-from ._errors import NonFiniteError, SentinelError, format_message
+from ._errors import NonFiniteError, SentinelError, format_message, without_our_frames
+from ._fault_policy import FaultPolicy
 from ._findings import Finding
+from ._findings_log import FindingLog, safely
 from ._lifecycle import dump_state, forget, load_state
+from ._lockstep import Lockstep
 from ._model_side import ModelSide, ModelSideHandle
 from ._options import Options, resolve_check_mode
-from .detectors import Detector, RunContext, default_detectors, install_probes
+from ._record import StepRecord
+from ._record.fault import Fault
+from ._replicas import ReplicaCheck
+from ._run_context import run_context
+from ._window import Window
+from .detectors import default_detectors, install_probes
 from .detectors.nonfinite import NonFiniteDiagnosis, locate
 from .diagnosis import Report
+from .precision.probe import PrecisionProbe
 from .repro.run_record import RunRecord
 from .shapes.watch import install_shape_notes
 from .sinks import SinkContext, build_sinks
@@ -50,20 +56,10 @@ class Sentinel(ModelSideHandle):
         self._detached = False
         #: The step in progress when the sentinel was closed (the collector goes with the model).
         self._closed_at = options.start_step
-        self._findings: list[Finding] = []
-        self._finding_keys: set[tuple[str, Optional[str], str]] = set()
-        self._window: list[StepRecord] = []
-        self._recent: collections.deque[StepRecord] = collections.deque(maxlen=64)
-        self._nonfinite_reported = False
-        self._flushing = False
-        #: The last step a NonFiniteError was raised for (-1: none yet).
-        self._raised_through = -1
-        #: NonFiniteErrors raised so far (under on_nonfinite="raise", one per faulty step).
-        self.nonfinite_raised = 0
-        self._notes: list[dict[str, Any]] = []
-        #: Called with (error, sentinel) before a NonFiniteError is raised or recorded.
-        self.on_nonfinite_callbacks: list[Callable[[NonFiniteError, Sentinel], None]] = []
         self.rank = _rank()
+        self._log = FindingLog([])
+        self._window = Window(options.flush_every, self._log)
+        self._faults = FaultPolicy(options.on_nonfinite, self._log, self.rank, self)
 
         collector = Collector(model, optimizers, immediate=False, update_every=0, on_record=self._on_record,
                               thresholds=options.thresholds)
@@ -77,44 +73,31 @@ class Sentinel(ModelSideHandle):
             collector.update_every = options.update_every
         elif collector.update_copy_bytes <= options.update_copy_limit_bytes:
             collector.update_every = 10
-        collector.on_fault = self._on_immediate_fault
+        collector.fault_handler = self._on_immediate_fault
         collector.number_steps(options.start_step, options.step_source)
         c = collector
-        held = {id(q) for o in optimizers for g in o.param_groups for q in g["params"]}
-        names = {id(p): n for n, p in c.params}
-        side.context = context = RunContext(
-            module_names=c.module_names,
-            module_types={n: type(m).__name__ for n, m in c.map.modules},
-            param_names=[n for n, _ in c.params],
-            param_owner={n: c.map.param_owner.get(n, n.rpartition(".")[0]) for n, _ in c.params},
-            # Without an optimizer the loop updates the weights itself: every trainable
-            # parameter is then "held" (no_update and no_gradient watch them all).
-            optimizer_params={n for n, p in c.params if id(p) in held} if optimizers
-            else {n for n, p in c.params if p.requires_grad},
-            forward_order=c.forward_order,
-            thresholds=dict(options.thresholds),
-            rank=self.rank,
-            exact_norms=c.ledger.host_view is not None,
-            adversarial=lambda: c.adversarial,
-            optimizer_groups=[[names[id(q)] for g in o.param_groups for q in g["params"] if id(q) in names]
-                              for o in optimizers],
-            optimizer_types=[type(o).__name__ for o in optimizers],
-            trainable={n for n, p in c.params if p.requires_grad},
-            param_dtypes={n: p.dtype for n, p in c.params},
-            in_progress=c.step_in_progress,
-        )
+        side.context = context = run_context(c, optimizers, options.thresholds, self.rank)
         self._core_width = c.ledger.width
         side.nonfinite = NonFiniteDiagnosis(context)
-        side.detectors = default_detectors(options.disable) + list(options.detectors)
+        # Low-precision headroom: the probe is built from attach(precision=...) (None: the
+        # dtype the run computes in); precision=() switches it off, its detectors with it.
+        precision_off = frozenset({"precision_overflow", "precision_underflow"}) if options.precision == () else frozenset()
+        side.detectors = default_detectors(options.disable | precision_off) + list(options.detectors)
         for d in side.detectors:
             d.bind(context)
+        if options.precision != ():
+            c.add_probe(PrecisionProbe(options.precision))
         install_probes(c, side.detectors)
         # After the core width: norms before clipping, from the loop's own clip calls.
         c.add_probe(ClipProbe())
-        # Under torch.distributed, ranks agree on non-finite faults before anyone raises.
+        # Under torch.distributed, ranks agree on non-finite faults before anyone raises, and
+        # compare replicas every `replica_check_every` steps (_replicas/), at the training
+        # forwards of `model`, which every rank runs alike (_lockstep.py).
+        side.lockstep = Lockstep.maybe(model, c)
         side.ranks = RankSync.maybe(
-            options.sync_ranks, c, c.forward_order, self._core_width, self._handle_agreed_fault
+            options.sync_ranks, side.lockstep, c, c.forward_order, self._core_width, self._handle_agreed_fault
         )
+        ReplicaCheck.maybe(model, side.lockstep, c, options, side.detectors, self._record_finding, side.ranks)
         # It keeps the modules (to drop their compiled code): model side.
         side.liveness = HookLiveness.for_collector(
             c, context.param_owner, self._model_name, options.blind_hooks
@@ -132,7 +115,7 @@ class Sentinel(ModelSideHandle):
         )
         # Fills the manifest before the sinks read it; writes manifest.json; incident bundles.
         self._run_record = RunRecord(self, sink_context)
-        self._sinks = build_sinks(sink_context)
+        self._log.sinks.extend(build_sinks(sink_context))
         try:
             c.install()
             install_shape_notes(c, self._record_finding, self.rank)
@@ -141,12 +124,11 @@ class Sentinel(ModelSideHandle):
             self._detached = True
             side.closed()
             c.close()
-            for sink in self._sinks:
-                self._safe(sink.close)
+            self._log.close()
             raise
         # Structural verdicts (from the model and optimizers alone) come before the first step.
         for d in side.detectors:
-            self._finish_window_of(d, [])
+            self._window.conclude(d)
 
     # ------------------------------------------------------------------ public
     @property
@@ -157,7 +139,17 @@ class Sentinel(ModelSideHandle):
 
     @property
     def findings(self) -> list[Finding]:
-        return list(self._findings)
+        return list(self._log.findings)
+
+    @property
+    def nonfinite_raised(self) -> int:
+        """NonFiniteErrors raised so far (under ``on_nonfinite="raise"``, one per faulty step)."""
+        return self._faults.raised
+
+    @property
+    def on_nonfinite_callbacks(self) -> list[Callable[[NonFiniteError, Any], None]]:
+        """Called with (error, sentinel) before a NonFiniteError is raised or recorded."""
+        return self._faults.callbacks
 
     @property
     def root(self) -> nn.Module:
@@ -167,7 +159,7 @@ class Sentinel(ModelSideHandle):
 
     def recent_records(self) -> list[StepRecord]:
         """The last step records that reached the host (up to 64), oldest first."""
-        return list(self._recent)
+        return list(self._window.recent)
 
     def add_probe(self, probe: Probe) -> None:
         """Add a probe (see ``torch_sentinel._collect.probe``); removed at detach.
@@ -195,13 +187,8 @@ class Sentinel(ModelSideHandle):
 
     def note(self, symptom: str = "", hypothesis: str = "", change: str = "", **fields: Any) -> None:
         """Add an entry to the experiment log (symptom, hypothesis, one change)."""
-        entry = {"kind": "note", "step": self.step, "symptom": symptom, "hypothesis": hypothesis,
-                 "change": change, **fields}
-        self._notes.append(entry)
-        for sink in self._sinks:
-            write_note = getattr(sink, "write_note", None)
-            if write_note is not None:
-                self._safe(write_note, entry)
+        self._log.note({"kind": "note", "step": self.step, "symptom": symptom, "hypothesis": hypothesis,
+                        "change": change, **fields})
 
     def add_sink(self, sink: Any) -> None:
         """Also send each flushed window of step records, and each new finding, to ``sink``.
@@ -210,28 +197,25 @@ class Sentinel(ModelSideHandle):
             sink: an object with ``write(records, findings)`` and ``close()`` (called at
                 detach), like the built-in sinks; see :class:`torch_sentinel.sinks.Sink`.
         """
-        self._sinks.append(sink)
+        self._log.sinks.append(sink)
 
     def flush(self) -> None:
         """Bring every pending row to the host and run the detectors (cold path: may sync)."""
         if not self._detached:
-            self._flushing = True
+            self._faults.flushing = True
             try:
                 self._collector.drain(block=True)
-                if self._ranks is not None:
-                    self._ranks.settle()
                 pending = self._collector.take_pending_validation()
                 if pending is not None:
                     self._on_record(pending)
+            except SentinelError as err:  # a fault in a landed row: raised from the user's call
+                raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened
             finally:
-                self._flushing = False
+                self._faults.flushing = False
         self._flush_window()
         # Windows reach the sinks' files in the background (TensorBoard: within a few seconds);
         # an explicit flush puts everything on disk now.
-        for sink in self._sinks:
-            flush = getattr(sink, "flush", None)
-            if flush is not None:
-                self._safe(flush)
+        self._log.flush()
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint needs to resume watching: the step count, the detectors' windows
@@ -239,11 +223,12 @@ class Sentinel(ModelSideHandle):
         (``torch.save({"model": ..., "optimizer": ..., "sentinel": sentinel.state_dict()})``)
         and pass it to :meth:`load_state_dict` right after ``attach()`` in the resumed run.
 
-        Pending rows are flushed first (cold path). The detectors' part is a pickled blob, so
-        the dict loads with ``torch.load(..., weights_only=True)``.
+        Pending rows are flushed first (cold path). The dict holds only tensors, numbers,
+        strings, lists, dicts, None and bools, so it loads with ``torch.load(...,
+        weights_only=True)``; a detector attribute that is not plain data raises here.
         """
         self.flush()
-        return dump_state(self.step, self._nonfinite_reported, self._findings, self._detectors)
+        return dump_state(self.step, self._faults.reported, self._log.findings, self._detectors)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: step numbering (TensorBoard, findings, incidents)
@@ -253,38 +238,52 @@ class Sentinel(ModelSideHandle):
         Args:
             state: the dict :meth:`state_dict` returned.
         """
-        if self.step != self.options.start_step or self._window or self._recent:
+        if self.step != self.options.start_step or self._window.records or self._window.recent:
             raise SentinelError(format_message(
                 "Sentinel.load_state_dict() came after steps were recorded",
                 expected="load_state_dict() right after attach(), before the first step",
                 arrived=f"{self.step - self.options.start_step} step(s) already recorded by {self!r}",
                 next_check="move load_state_dict() before the training loop",
             ))
-        step, reported, findings = load_state(state, self._detectors)
+        step, reported, findings = load_state(state, self._detectors, self._collector.device)
         self._collector.start_at(step)
-        for f in findings:
-            key = (f.kind, f.module, f.boundary)
-            if key not in self._finding_keys:
-                self._finding_keys.add(key)
-                self._findings.append(f)
-        self._nonfinite_reported = self._nonfinite_reported or reported
+        self._log.add(findings)
+        self._faults.reported = self._faults.reported or reported
+
+    def continue_from(self, previous: Sentinel) -> None:
+        """Go on from ``previous``, detached from the same model (``attach()`` on an attached
+        model): its findings are this sentinel's too, and are not reported again.
+
+        Args:
+            previous: the sentinel this one replaces.
+        """
+        self._log.add(previous.findings)
+        self._faults.reported = self._faults.reported or any(f.kind == "non_finite" for f in previous.findings)
 
     def report(self, *, all_ranks: Optional[bool] = None) -> Report:
         """Flush pending evidence and return the diagnosis.
 
         Under torch.distributed (with ``sync_ranks``), the findings of every rank are gathered,
         so ``report()`` is a collective there: call it on every rank, or pass
-        ``all_ranks=False`` for this rank's findings only.
+        ``all_ranks=False`` for this rank's findings only. As a collective it also runs the
+        last cross-rank agreement (it may raise the NonFiniteError of the last steps on every
+        rank) and the last replica check (_lockstep.py).
         """
         self.flush()
-        for d in self._detectors:
-            self._finish_detector(d)
-        findings = list(self._findings)
         if all_ranks is None:
             all_ranks = self._ranks is not None
+        lockstep = self._lockstep
+        if all_ranks and lockstep is not None and not self._detached:
+            try:
+                lockstep.at_report()
+            except SentinelError as err:  # the last steps' fault, agreed: raised on every rank
+                raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened
+        for d in self._detectors:
+            self._window.conclude(d, final=True)
+        findings = list(self._log.findings)
         if all_ranks:
             findings = gather_findings(findings)
-        return Report(findings=findings, steps=self.step, notes=list(self._notes))
+        return Report(findings=findings, steps=self.step, notes=list(self._log.notes))
 
     def detach(self, *, quiet: bool = False) -> None:
         """Remove every hook and patch; idempotent. Pending evidence is flushed first.
@@ -316,16 +315,17 @@ class Sentinel(ModelSideHandle):
             # Verdicts that need the whole run reach the sinks (findings.jsonl, TensorBoard)
             # even when report() is never called; findings already reported are not repeated.
             for d in side.detectors:
-                self._safe(self._finish_detector, d)
+                safely(self._window.conclude, d, True)
             side.collector.close()
-            self._safe(self._run_record.close)
-            for sink in self._sinks:
-                self._safe(sink.close)
+            safely(self._run_record.close)
+            self._log.close()
             forget(side.root, self)
 
-    def _close_unattended(self) -> None:
-        """Detach without the user: at interpreter exit, or when the sentinel is collected.
-        Nothing may escape from here (there is no caller to catch it)."""
+    def close_unattended(self) -> None:
+        """Detach without the user: at interpreter exit, or when the sentinel or its model is
+        collected. Nothing may escape from here (there is no caller to catch it). Internal:
+        the seam for ``_lifecycle`` (the exit hook) and the model side's finalizer; users call
+        :meth:`detach`."""
         try:
             self._detach(quiet=True)
         except BaseException as exc:
@@ -337,7 +337,7 @@ class Sentinel(ModelSideHandle):
         # process-wide patches go once the last sentinel is gone. getattr: the constructor
         # may have failed before _detached existed.
         if not getattr(self, "_detached", True):
-            self._close_unattended()
+            self.close_unattended()
 
     def __enter__(self) -> Sentinel:
         return self
@@ -355,148 +355,31 @@ class Sentinel(ModelSideHandle):
         liveness = side.liveness
         if liveness is not None and not liveness.settled:
             liveness.observe(record, side.collector.step)
-        self._window.append(record)
-        self._recent.append(record)
-        fault = locate(record, self.context, self._core_width) if self._watching(record.step) else None
+        full = self._window.add(record)
+        fault = locate(record, self.context, self._core_width) if self._faults.watching(record.step) else None
         if fault is not None:
             self._flush_window()
-            self._handle_fault(fault)
-        elif len(self._window) >= self.options.flush_every:
+            self._faults.handle(fault, side.collector, side.ranks, self._nonfinite, self._window.recent)
+        elif full:
             self._flush_window()
-
-    def _watching(self, step: int) -> bool:
-        """Whether a non-finite value at ``step`` is still reported. Under "raise", every step
-        with one raises (a loop that catches the error and skips the batch stays protected);
-        under "warn" and "record", the first one is reported and later ones are consequences."""
-        if not self._nonfinite_reported:
-            return True
-        # flush(), report() and detach() are not training steps: once the user was told, rows
-        # they bring to the host are consequences, not a new batch to skip.
-        return self.options.on_nonfinite == "raise" and step > self._raised_through and not self._flushing
 
     def _on_immediate_fault(self, fault: Fault) -> None:
-        # Under "raise" the row of a raised step was abandoned: a fault at the same step number
-        # is the next batch, after the loop skipped the bad one.
-        if self._nonfinite_reported and self.options.on_nonfinite != "raise":
-            return
-        fault = first_fault_in_row(self._collector, self.context, self._core_width, fault)
-        if self._ranks is None and self.options.on_nonfinite == "raise" and not _overflow_only(fault):
-            # The error leaves from inside a hook, mid-step: the rows before it and what this
-            # step saw up to the fault (the nonfinite/* point at the bad step) reach the sinks
-            # first, and the step starts again from clean slots if the loop skips the batch.
-            partial = self._collector.abandon_row()
-            self._flush_window()
-            for sink in self._sinks:
-                self._safe(sink.write, [partial], [])
-        self._handle_fault(fault)
+        side = self._side()
+        self._faults.on_immediate(fault, side.collector, self.context, self._core_width, side.ranks,
+                                  self._partial_to_sinks, self._nonfinite, self._window.recent)
 
-    def _handle_fault(self, fault: Fault) -> None:
-        if self._ranks is not None:
-            # Raising on this rank alone would hang the others in their next collective: hold
-            # the evidence; RankSync calls _handle_agreed_fault on every rank at the same step.
-            self._ranks.hold(fault)
-            self._collector.immediate = False
-            return
-        self._raise_fault(fault, self.rank)
+    def _partial_to_sinks(self, partial: StepRecord) -> None:
+        self._flush_window()
+        self._log.write([partial], [])
 
     def _handle_agreed_fault(self, fault: Fault, rank: int) -> None:
-        self._raise_fault(fault, rank)
-
-    def _raise_fault(self, fault: Fault, rank: Optional[int]) -> None:
-        if _overflow_only(fault):
-            # Exact counts of the tensor itself found nothing: every value is finite in its own
-            # dtype, so only a statistic of it overflowed. Never a NonFiniteError.
-            logger.warning("torch_sentinel: a statistic at step %d (%s, %s) overflowed although the tensor "
-                           "is finite; not reported as non-finite", fault.step, fault.boundary, fault.module)
-            return
-        first = not self._nonfinite_reported
-        self._nonfinite_reported = True
-        self._raised_through = max(self._raised_through, fault.step)
-        policy = self.options.on_nonfinite
-        if policy != "raise":
-            self._collector.immediate = False  # one report per run; later steps are consequences
-        err = self._nonfinite.error(fault, list(self._recent), rank=rank)
-        if first:
-            # Logged once (finding, console, incident bundle); raised every time.
-            self._add_findings([self._nonfinite.finding(err)], write=True)
-            for callback in self.on_nonfinite_callbacks:
-                self._safe(callback, err, self)
-        self.nonfinite_raised += policy == "raise"
-        if policy == "raise":
-            raise err
-        if policy == "warn":
-            warnings.warn(str(err), RuntimeWarning, stacklevel=3)
+        self._faults.decide(fault, rank, self._collector, self._nonfinite, self._window.recent)
 
     def _flush_window(self) -> None:
-        records, self._window = self._window, []
-        new: list[Finding] = []
-        for d in self._detectors:
-            new.extend(self._detector_window(d, records))
-        added = self._add_findings(new)
-        for sink in self._sinks:
-            self._safe(sink.write, records, added)
-        for record in records:
-            record.drop_decoded()
-        if records:
-            stats: dict[str, float] = {}
-            for d in self._detectors:
-                try:
-                    stats.update({f"detector/{d.kind}/{k}": float(v) for k, v in d.statistics().items()})
-                except Exception as exc:
-                    logger.warning("torch_sentinel: statistics of %s failed: %s", type(d).__name__, exc)
-            if stats:
-                for sink in self._sinks:
-                    write_stats = getattr(sink, "write_stats", None)
-                    if write_stats is not None:
-                        self._safe(write_stats, records[-1].step, stats)
-
-    def _detector_window(self, detector: Detector, records: list[StepRecord]) -> list[Finding]:
-        """``records`` through ``detector``, then its conclusions. A detector that raises
-        anything but a SentinelError is a bug: logged, and training goes on."""
-        try:
-            for record in records:
-                detector.update(record)
-            return [*detector.conclude(), *detector.take_flagged()]
-        except SentinelError:
-            raise
-        except Exception as exc:  # a detector bug must never stop training
-            logger.warning("torch_sentinel: detector %s failed: %s", type(detector).__name__, exc)
-            return []
-
-    def _finish_window_of(self, detector: Detector, records: list[StepRecord]) -> None:
-        self._add_findings(self._detector_window(detector, records), write=True)
-
-    def _finish_detector(self, detector: Detector) -> None:
-        self._add_findings([*detector.conclude(final=True), *detector.take_flagged()], write=True)
+        self._window.flush(self._detectors)
 
     def _record_finding(self, finding: Finding) -> None:
-        self._add_findings([finding], write=True)
-
-    def _add_findings(self, findings: Any, write: bool = False) -> list[Finding]:
-        added = []
-        for f in findings:
-            key = (f.kind, f.module, f.boundary)
-            if key in self._finding_keys:
-                continue
-            self._finding_keys.add(key)
-            self._findings.append(f)
-            added.append(f)
-        if write and added:
-            for sink in self._sinks:
-                self._safe(sink.write, [], added)
-        return added
-
-    def _safe(self, fn: Callable[..., Any], *args: Any) -> None:
-        try:
-            fn(*args)
-        except Exception as exc:  # logging must never stop training
-            logger.warning("torch_sentinel: %s failed: %s", getattr(fn, "__qualname__", fn), exc)
-
-
-def _overflow_only(fault: Fault) -> bool:
-    """Exact counts of the offending tensor found no NaN/Inf: only a statistic overflowed."""
-    ev = fault.evidence
-    return ev.nan == 0 and ev.posinf == 0 and ev.neginf == 0
+        self._log.add([finding], write=True)
 
 
 def _rank_log_dir(log_dir: Optional[str], rank: Optional[int], per_rank: bool) -> Optional[str]:

@@ -11,7 +11,7 @@ from torch import nn
 
 from ._api import Sentinel
 from ._collect.model_map import unwrap_model
-from ._errors import SentinelError, format_message
+from ._errors import format_message
 from ._lifecycle import attached_to, register
 from ._options import Options
 from ._unwrap import unwrap_optimizer
@@ -52,6 +52,11 @@ def attach(
 ) -> Sentinel:
     """Instrument ``model`` (and ``optimizer``) in one line; the training loop stays as it is.
 
+    On a model that is already attached (after replacing a submodule, to watch the new
+    parameters too), the sentinel attached before is detached and the new one goes on from it:
+    the same step numbering (unless ``start_step`` is given) and its findings, which are not
+    reported again. The old sentinel's ``report()`` still answers.
+
     Args:
         model: any ``nn.Module``, also wrapped in DDP or ``torch.compile``.
         optimizer: a ``torch.optim.Optimizer``, a list of them, or None (forward-only checks).
@@ -74,20 +79,20 @@ def attach(
             )
         )
     optimizers = _as_optimizers(optimizer)
+    root = unwrap_model(model)
+    previous = attached_to(root)
+    if previous is not None and not previous.attached:
+        previous = None
+    if previous is not None and "start_step" not in options:
+        options["start_step"] = previous.step  # the run goes on: its step numbers too
     opts = Options.build(
         log_dir=log_dir, check=check, flush_every=flush_every, on_nonfinite=on_nonfinite, **options
     )
-    root = unwrap_model(model)
-    existing = attached_to(root)
-    if existing is not None and existing.attached:
-        raise SentinelError(
-            format_message(
-                f"a sentinel is already attached to this {type(root).__name__}",
-                expected="one sentinel per model",
-                arrived=f"a second attach() while {existing!r} is still attached",
-                next_check="call sentinel.detach() (or leave its `with` block) before attaching again",
-            )
-        )
+    if previous is not None:
+        # Attaching again (after replacing a submodule, or a notebook cell run twice) replaces
+        # the sentinel in place: the one attached before is closed as detach() closes it (its
+        # report() still answers), and the new one carries its findings on.
+        previous.detach()
     model_params = {id(p) for p in root.parameters()}
     for i, opt in enumerate(optimizers):
         held = [p for g in opt.param_groups for p in g["params"]]
@@ -99,5 +104,7 @@ def attach(
                 stacklevel=2,
             )
     sentinel = Sentinel(model, optimizers, opts)
-    register(root, sentinel, sentinel._close_unattended)
+    if previous is not None:
+        sentinel.continue_from(previous)
+    register(root, sentinel, sentinel.close_unattended)
     return sentinel

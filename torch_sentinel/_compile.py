@@ -31,12 +31,20 @@ from typing import Any, Optional
 import numpy as np
 from torch import nn
 
-from ._collect.collector import Collector, Fault
+from ._collect.collector import Collector
+from ._collect.compat import (
+    CALL_IMPL_CODE,
+    compiled_entries,
+    compiled_in_place,
+    drop_compiled,
+    inline_wrapper_code,
+)
 from ._collect.ledger import FLOAT_MAX
-from ._record import StepRecord
 from ._collect.transfer import AsyncFetch
 from ._errors import InstrumentationError, format_message
 from ._findings import BOUNDARIES
+from ._record import StepRecord
+from ._record.fault import Fault
 from .detectors.nonfinite import locate
 
 __all__ = ["BLIND_HOOK_POLICIES", "HookLiveness", "first_fault_in_row"]
@@ -45,14 +53,6 @@ logger = logging.getLogger("torch_sentinel")
 
 #: What to do when the hooks are found silent: recompile with them, or raise.
 BLIND_HOOK_POLICIES = ("reset", "raise")
-
-
-def _cache_entries(code: types.CodeType) -> int:
-    try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    except Exception:  # pragma: no cover - torch without dynamo
-        return 0
-    return len(_debug_get_cache_entry_list(code))
 
 
 def model_codes(modules: Iterable[nn.Module]) -> list[types.CodeType]:
@@ -70,30 +70,21 @@ def model_codes(modules: Iterable[nn.Module]) -> list[types.CodeType]:
         if isinstance(code, types.CodeType) and not type(m).__module__.startswith("torch."):
             candidates.append(code)
     if mods:
-        try:
-            from torch._dynamo.external_utils import wrap_inline
-
-            candidates.append(wrap_inline(mods[0]).__code__)
-        except Exception:  # pragma: no cover - older dynamo
-            pass
-        if getattr(mods[0], "_compiled_call_impl", None) is not None:
-            candidates.append(nn.Module._call_impl.__code__)
+        wrapper = inline_wrapper_code(mods[0])
+        if wrapper is not None:
+            candidates.append(wrapper)
+        if compiled_in_place(mods[0]):
+            candidates.append(CALL_IMPL_CODE)
     found: list[types.CodeType] = []
     for code in candidates:
-        if code not in found and _cache_entries(code):
+        if code not in found and compiled_entries(code):
             found.append(code)
     return found
 
 
 def _reset_codes(codes: Sequence[types.CodeType]) -> bool:
     """Drop dynamo's compiled code for these code objects only (their next call recompiles)."""
-    try:
-        from torch._dynamo.eval_frame import remove_from_cache
-    except Exception:  # pragma: no cover - torch without dynamo
-        return False
-    for code in codes:
-        remove_from_cache(code)  # a code object: resets its cache alone, never process-wide
-    return True
+    return all([drop_compiled(code) for code in codes])
 
 
 class HookLiveness:

@@ -6,16 +6,25 @@ what was expected, what arrived, where (module, step, shape), and what to check 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import os
+import types
+from typing import Any, Callable, Optional, TypeVar
 
 __all__ = [
     "InstrumentationError",
     "NonFiniteError",
     "OptionError",
+    "ReplicaDivergenceError",
     "SentinelError",
     "ShapeContractError",
     "format_message",
+    "raised_at_entry",
+    "without_our_frames",
 ]
+
+_E = TypeVar("_E", bound=BaseException)
+#: This package's directory: frames from files under it are the sentinel's own.
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def format_message(
@@ -101,3 +110,66 @@ class NonFiniteError(SentinelError):
         self.dtype = dtype
         self.rank = rank
         self.evidence = dict(evidence or {})
+
+
+class ReplicaDivergenceError(SentinelError):
+    """Data-parallel replicas that should hold bit-identical tensors do not (raised on every rank
+    at the same step; see ``torch_sentinel/_replicas``).
+
+    Attributes:
+        step: the step at whose start the check found the replicas differing.
+        rank: the first diverged rank; ranks: every diverged rank.
+        module: the module owning the parameter (relative to the attached model), or None.
+        parameter: the parameter's qualified name; state: the optimizer state key
+            (``"exp_avg"``...) when the differing tensor is optimizer state, else None.
+        chunk: ``(start, end)`` in the flattened (local) tensor, holding a differing element.
+        kind: always ``"replica_divergence"``.
+        evidence: every number behind the message.
+    """
+
+    kind = "replica_divergence"
+
+    def __init__(self, message: str, *, step: int, rank: int, ranks: tuple[int, ...],
+                 module: Optional[str], parameter: str, state: Optional[str] = None,
+                 chunk: Optional[tuple[int, int]] = None,
+                 evidence: Optional[dict[str, Any]] = None) -> None:
+        super().__init__(message)
+        self.step = step
+        self.rank = rank
+        self.ranks = ranks
+        self.module = module
+        self.parameter = parameter
+        self.state = state
+        self.chunk = chunk
+        self.evidence = dict(evidence or {})
+
+def without_our_frames(err: _E) -> _E:
+    """``err`` with the sentinel's own frames taken off its traceback.
+
+    An error the user asked for (a ``NonFiniteError`` under ``on_nonfinite="raise"``) is made
+    deep inside the sentinel: a row drained, a batch of outputs reduced, a fault located. Those
+    frames say nothing about the user's program. An entry point (a hook, a patch, a public
+    method) re-raises the error with this, so the traceback shows the user's line, torch's
+    frames, and the one frame of ours that re-raised it. Frames of other code between ours stay
+    (the model's forward, run again to localise a fault), and so do ``__cause__`` and
+    ``__context__``.
+    """
+    frames: list[types.TracebackType] = []
+    tb = err.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    kept: Optional[types.TracebackType] = None
+    for tb in reversed(frames):
+        if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            kept = types.TracebackType(kept, tb.tb_frame, tb.tb_lasti, tb.tb_lineno)
+    return err.with_traceback(kept)
+
+
+def raised_at_entry(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; a ``SentinelError`` leaves from here, without the frames below (see
+    :func:`without_our_frames`). For the hooks where the user's call enters the sentinel."""
+    try:
+        return fn(*args, **kwargs)
+    except SentinelError as err:
+        raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened

@@ -8,15 +8,16 @@ exit hook holds weak references to the sentinels' close methods.
 from __future__ import annotations
 
 import atexit
-import pickle
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable, Optional
 
+import torch
 from torch import nn
 
 from ._errors import SentinelError, format_message
 from ._findings import Finding
+from ._plain import decode, encode
 
 __all__ = ["STATE_FORMAT", "attached_to", "dump_state", "forget", "load_state", "register"]
 
@@ -26,8 +27,9 @@ _ATTACHED: weakref.WeakKeyDictionary[nn.Module, weakref.ref[Any]] = weakref.Weak
 _CLOSERS: dict[int, weakref.WeakMethod[Callable[[], None]]] = {}
 _exit_hook_installed = False
 
-#: Version of the layout of Sentinel.state_dict().
-STATE_FORMAT = 1
+#: Version of the layout of Sentinel.state_dict(). Format 1 held the detectors' state as a
+#: pickled blob: it is refused, never unpickled (unpickling runs whatever code the bytes name).
+STATE_FORMAT = 2
 
 
 def attached_to(root: nn.Module) -> Optional[Any]:
@@ -66,19 +68,30 @@ def _close_all_at_exit() -> None:
 
 def dump_state(step: int, nonfinite_reported: bool, findings: Iterable[Finding],
                detectors: Sequence[Any]) -> dict[str, Any]:
-    """Plain Python for ``torch.save``; the detectors' part is a pickled blob, so the dict also
-    loads with ``torch.load(..., weights_only=True)``."""
+    """Plain data only (tensors, numbers, strings, lists, dicts, None, bools), so a checkpoint
+    holding it loads with ``torch.load(..., weights_only=True)``; see ``_plain.py``."""
     return {
         "format": STATE_FORMAT,
         "step": step,
         "nonfinite_reported": nonfinite_reported,
-        "findings": [f.to_dict() for f in findings],
-        "detectors": pickle.dumps({d.kind: d.state_dict() for d in detectors}),
+        "findings": [encode(f.to_dict(), f"finding {f.kind!r}") for f in findings],
+        "detectors": {d.kind: d.state_dict() for d in detectors},
     }
 
 
-def load_state(state: Any, detectors: Sequence[Any]) -> tuple[int, bool, list[Finding]]:
-    """Restore the detectors from ``state``; return (step, nonfinite_reported, findings)."""
+def load_state(state: Any, detectors: Sequence[Any],
+               device: Optional[torch.device] = None) -> tuple[int, bool, list[Finding]]:
+    """Restore the detectors from ``state`` (saved tensors go to ``device``); return
+    (step, nonfinite_reported, findings)."""
+    if isinstance(state, dict) and state.get("format") == 1 and isinstance(state.get("detectors"), bytes):
+        raise SentinelError(format_message(
+            "Sentinel.load_state_dict() got a sentinel state saved by an older torch_sentinel (format 1)",
+            expected=f"the plain-data state of format {STATE_FORMAT}",
+            arrived="format 1, whose detector windows are a pickled blob: loading it could run any code "
+                    "the blob names, so it is not read",
+            next_check="resume once without load_state_dict() (pass attach(..., start_step=checkpoint step) "
+                       "to keep the step numbers) and save sentinel.state_dict() again with this version",
+        ))
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         arrived = f"a dict with keys {sorted(map(str, state))[:6]}" if isinstance(state, dict) else type(state).__name__
         raise SentinelError(format_message(
@@ -87,9 +100,9 @@ def load_state(state: Any, detectors: Sequence[Any]) -> tuple[int, bool, list[Fi
             arrived=arrived,
             next_check="pass checkpoint['sentinel'], not the model's or the optimizer's state",
         ))
-    saved = pickle.loads(state["detectors"])
+    saved = state["detectors"]
     for d in detectors:
         if d.kind in saved:
-            d.load_state_dict(saved[d.kind])
-    findings = [Finding.from_dict(data) for data in state["findings"]]
+            d.load_state_dict(saved[d.kind], device)
+    findings = [Finding.from_dict(decode(data, "a finding")) for data in state["findings"]]
     return int(state["step"]), bool(state["nonfinite_reported"]), findings

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ._collect.collector import Collector
     from ._compile import HookLiveness
     from ._distributed import RankSync
+    from ._lockstep import Lockstep
     from .detectors import RunContext
     from .detectors.base import Detector
     from .detectors.nonfinite import NonFiniteDiagnosis
@@ -54,6 +55,7 @@ class ModelSide:
         self.context: Optional[RunContext] = None
         self.nonfinite: Optional[NonFiniteDiagnosis] = None
         self.detectors: list[Detector] = []
+        self.lockstep: Optional[Lockstep] = None
         self.ranks: Optional[RankSync] = None
         self.liveness: Optional[HookLiveness] = None
         # Strong, like the collector's own callbacks (on_record, on_fault): when model and
@@ -87,7 +89,7 @@ class ModelSideHandle:
         self._side_ref: weakref.ref[ModelSide] = weakref.ref(side)
         self._pinned: Optional[ModelSide] = None
 
-    def _close_unattended(self) -> None:
+    def close_unattended(self) -> None:
         raise NotImplementedError
 
     def _live_side(self) -> Optional[ModelSide]:
@@ -149,10 +151,15 @@ class ModelSideHandle:
         side = self._live_side()
         return side.ranks if side is not None else None
 
+    @property
+    def _lockstep(self) -> Optional[Lockstep]:
+        side = self._live_side()
+        return side.lockstep if side is not None else None
+
     def _on_model_collected(self, side: ModelSide) -> None:
         """The model is being garbage-collected while attached: close quietly (from a finalizer)."""
         self._pinned = side
         try:
-            self._close_unattended()
+            self.close_unattended()
         finally:
             self._pinned = None

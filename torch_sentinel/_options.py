@@ -14,13 +14,17 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ._errors import OptionError, format_message
+
+if TYPE_CHECKING:
+    from .detectors import Detector
 
 __all__ = [
     "CHECK_MODES",
     "NONFINITE_POLICIES",
+    "REPLICA_MODES",
     "Options",
     "finding_kinds",
     "resolve_check_mode",
@@ -29,6 +33,8 @@ __all__ = [
 
 CHECK_MODES = ("auto", "immediate", "deferred")
 NONFINITE_POLICIES = ("raise", "warn", "record")
+REPLICA_MODES = ("exact", "tolerance")
+DIVERGENCE_POLICIES = ("raise", "warn")
 
 #: Environment overrides, for switching behaviour on a job without touching its code.
 ENV_ON_NONFINITE = "TORCH_SENTINEL_ON_NONFINITE"
@@ -41,7 +47,7 @@ _NOT_DISABLEABLE = {
 }
 
 
-def _detector_classes(extra: Iterable[Any] = ()) -> list[type]:
+def _detector_classes(extra: Iterable[Any] = ()) -> list[type[Detector]]:
     from .detectors import builtin_detectors
 
     return [*builtin_detectors(), *(type(d) for d in extra)]
@@ -151,7 +157,8 @@ class Options:
     update_copy_limit_bytes: int = 2 << 30
     #: Write TensorBoard and JSONL from every rank, not only rank 0.
     per_rank_logs: bool = False
-    #: In distributed runs, reduce non-finite flags across ranks so every rank raises together.
+    #: In distributed runs, agree on non-finite faults across ranks (one 16-byte all-reduce per
+    #: training forward, ``_distributed.py``) so that every rank raises together.
     sync_ranks: bool = True
     #: When torch.compile silently skipped the hooks: "reset" drops the compiled code of this
     #: model only, once (logged), so it recompiles with them (every other compiled function
@@ -169,6 +176,23 @@ class Options:
     step_source: Optional[Callable[[], int]] = None
     #: The user's own detectors (``torch_sentinel.Detector`` instances), run beside the built-in ones.
     detectors: tuple[Any, ...] = ()
+    #: Optimizer steps between checks that data-parallel replicas hold the same parameters
+    #: and optimizer state (``_replicas/``): a check runs at the first training forward after
+    #: some rank closed that many more steps (with ``sync_ranks=False``: every that many
+    #: training forwards). None: every 200 when the model is wrapped in DDP or replicated along
+    #: a mesh dimension (HSDP), else off; 0: off. Given explicitly, it also compares an
+    #: unwrapped model across the default process group.
+    replica_check_every: Optional[int] = None
+    #: "exact": bit-identical replicas; "tolerance": within ``replica_divergence.rtol`` of the
+    #: tensor's norm (for setups whose reductions are not deterministic).
+    replica_check: str = "exact"
+    #: "raise": ReplicaDivergenceError on every rank at the same step; "warn": a finding, go on.
+    on_divergence: str = "raise"
+    #: Low-precision formats whose headroom is measured on sampled steps ("bf16", "fp16",
+    #: "e4m3", "e5m2"; see docs/precision.md). None: the dtype the run computes in when it is
+    #: bf16 or fp16 (weights, or autocast at the first training forward), nothing on a float32
+    #: run; () switches it off.
+    precision: Optional[tuple[str, ...]] = None
 
     @classmethod
     def build(cls, **kwargs: Any) -> Options:
@@ -210,6 +234,10 @@ class Options:
         self.start_step = _int("start_step", self.start_step, 0)
         if self.module_log_every is not None:
             self.module_log_every = _int("module_log_every", self.module_log_every, 1)
+        if self.replica_check_every is not None:
+            self.replica_check_every = _int("replica_check_every", self.replica_check_every, 0)
+        self.replica_check = _choice("replica_check", self.replica_check, REPLICA_MODES)
+        self.on_divergence = _choice("on_divergence", self.on_divergence, DIVERGENCE_POLICIES)
         if self.step_source is not None and not callable(self.step_source):
             raise _fail("step_source", "a callable returning the next step's number, or None", self.step_source)
         for flag in ("per_rank_logs", "sync_ranks"):
@@ -224,6 +252,8 @@ class Options:
         self.detectors = _detectors(self.detectors)
         self.disable = _disable(self.disable, self.detectors)
         self.thresholds = _thresholds(self.thresholds, self.detectors)
+        if self.precision is not None:
+            self.precision = _precision(self.precision)
 
 
 def _detectors(value: Any) -> tuple[Any, ...]:
@@ -287,6 +317,30 @@ def _disable(value: Any, detectors: tuple[Any, ...] = ()) -> frozenset[str]:
                         headline=f"attach() option disable: unknown finding kind {kind!r}")
         out.add(kind)
     return frozenset(out)
+
+
+def _precision(value: Any) -> tuple[str, ...]:
+    """Canonical format names, in the order given, each once."""
+    import torch
+
+    from .precision.formats import FORMATS, canonical_format
+
+    valid = list(FORMATS)
+    example = "e.g. precision=('bf16', 'e4m3')"
+    if isinstance(value, (str, torch.dtype)) or not isinstance(value, Iterable) or isinstance(value, Mapping):
+        hint = (f"wrap it in a tuple: precision=({value!r},)" if canonical_format(value)
+                else f"leave it out for the default, or pass a tuple of formats, {example}")
+        raise _fail("precision", "a tuple (or list) of formats: " + ", ".join(valid), value, hint)
+    out: list[str] = []
+    for item in value:
+        name = canonical_format(item)
+        if name is None:
+            hint = _did_you_mean(item, valid) if isinstance(item, str) else f"name each format as a string, {example}"
+            raise _fail("precision", "formats: " + ", ".join(repr(v) for v in valid), item, hint,
+                        headline=f"attach() option precision: unknown format {item!r}")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
 
 
 def _thresholds(value: Any, detectors: tuple[Any, ...] = ()) -> dict[str, float]:

@@ -7,13 +7,14 @@ module only gathers the public ones. The training loss itself is ``record.loss``
 ``record.validation``), and the learning rates ``record.meta.lrs``.
 """
 
-from ._collect.probes.amp import LossScale
+from ._collect.amp import LossScale
 from ._collect.probes.data import InputRange
 from ._collect.probes.forward import Activations
 from ._collect.probes.norms import GradNorms, StaleGradients, WeightNorms
 from ._collect.probes.outgrad import OutputGradients
 from ._collect.probes.updates import UpdateNorms
 from ._record import Fact
+from .precision.probe import PrecisionRows
 
 __all__ = [
     "Activations",
@@ -22,6 +23,7 @@ __all__ = [
     "InputRange",
     "LossScale",
     "OutputGradients",
+    "PrecisionRows",
     "StaleGradients",
     "UpdateNorms",
     "WeightNorms",

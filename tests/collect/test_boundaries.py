@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 import torch_sentinel
-from torch_sentinel._collect.saturation import SaturatedFractions
-from torch_sentinel.facts import Activations
 from torch_sentinel._collect.probe import Probe, ProbeHost
+from torch_sentinel._collect.saturation import SaturatedFractions
 from torch_sentinel._record import StepRecord
+from torch_sentinel.facts import Activations
 
 
 class FailOnFlag(nn.Module):
@@ -183,16 +183,16 @@ def test_one_flush_for_both_batches_and_one_drop() -> None:
     try:
         stop: list[tuple[int, int]] = []
         # Inside the forward (the last module's hook): both batches hold this forward's outputs.
-        handle = model.sig.register_forward_hook(lambda m, a, o: stop.append((len(c.batch), len(c.fractions))))
+        handle = model.sig.register_forward_hook(lambda m, a, o: stop.append((len(c.boundaries.batch), len(c.boundaries.fractions))))
         model(torch.randn(4, 8)).sum().backward()
         handle.remove()
         assert stop[0][0] > 0 and stop[0][1] > 0
-        assert (len(c.batch), len(c.fractions)) == (0, 0)  # the end of the forward flushed both
+        assert (len(c.boundaries.batch), len(c.boundaries.fractions)) == (0, 0)  # the end of the forward flushed both
 
-        c.reduce_later(torch.ones(3), c.forward.lo.start, c.forward.hi.start, "test")
+        c.reduce_later(torch.ones(3), c.ledger.block("act.min").start, c.ledger.block("act.max").start, "test")
         c.fraction_later(torch.ones(3), c.ledger.block("saturation").start, 0.0, 0.5)
         c.abandon_row()
-        assert (len(c.batch), len(c.fractions)) == (0, 0)
+        assert (len(c.boundaries.batch), len(c.boundaries.fractions)) == (0, 0)
     finally:
         sentinel.detach(quiet=True)
 

@@ -174,7 +174,7 @@ def test_scaler_skipped_steps_are_recorded_not_faults_and_loss_is_unscaled() -> 
             scaler.update()
             skipped.append(scaler.get_scale() < scale_before)
             losses.append(loss.item())
-        records = list(sentinel._recent)
+        records = sentinel.recent_records()
     finally:
         sentinel.detach()
     assert any(skipped) and not all(skipped)
@@ -289,8 +289,8 @@ def test_float32_norm_overflow_of_finite_values_is_not_called_non_finite() -> No
         model(torch.randn(2, 4)).mean().backward()
         opt.step()
     assert s.report().by_kind("non_finite") == []
-    assert math.isfinite(s._recent[-1].value("param_norm", "weight"))
-    assert s._recent[-1].meta.norm_overflow == ["weight"]
+    assert math.isfinite(s.recent_records()[-1].value("param_norm", "weight"))
+    assert s.recent_records()[-1].meta.norm_overflow == ["weight"]
 
 
 class _Sqrt(nn.Module):

@@ -113,7 +113,7 @@ def test_a_probe_that_raises_is_switched_off_with_one_warning_and_training_goes_
         sentinel._collector.add_probe(broken)
         for x, y in batches:
             _step(model, opt, x, y)
-        records = list(sentinel._recent)
+        records = sentinel.recent_records()
     for x, y in batches:
         _step(reference, ref_opt, x, y)
     assert broken.calls == 1

@@ -13,9 +13,10 @@ import torch
 from torch import nn
 
 from torch_sentinel._collect.collector import Collector
-from torch_sentinel._record import StepMeta, StepRecord
 from torch_sentinel._collect.rungs import LADDER
-from torch_sentinel._distributed import Priorities, describe
+from torch_sentinel._distributed import Priorities
+from torch_sentinel._record import StepMeta, StepRecord
+from torch_sentinel._record.fault import Fault
 from torch_sentinel.detectors.base import RunContext
 from torch_sentinel.detectors.nonfinite import locate
 
@@ -58,8 +59,10 @@ def _device(c: Collector, ctx: RunContext, values: torch.Tensor, meta: StepMeta)
     if level >= prio.none:
         return None
     rung = prio.rungs[level]
-    module, _ = describe(rung, c.module_names, ctx.owner, prio.rungs[level - 1] if level else None)
-    return rung.boundary, module
+    before = prio.rungs[level - 1] if level else None
+    previous = before.index if before is not None and before.spec is rung.spec else None
+    fault = Fault.at_rung(rung.spec.kind, meta.step, rung.index, rung.key, c.module_names, ctx.owner, previous=previous)
+    return fault.boundary, fault.module
 
 
 # (block, key, value, meta flags, exact norms): one bad slot per case, every rung covered.

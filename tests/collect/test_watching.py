@@ -12,6 +12,7 @@ from torch import nn
 import torch_sentinel
 from torch_sentinel import NonFiniteError
 from torch_sentinel._collect.hookset import ModuleHook
+from torch_sentinel._errors import raised_at_entry
 
 
 class Poison(nn.Module):
@@ -45,7 +46,9 @@ def _hooked(model: nn.Module) -> int:
     """Submodules carrying the collector's forward hook now (torch keeps hooks in a dict)."""
     def collector_hook(h: Any) -> bool:
         fn = getattr(h, "func", None)
-        return isinstance(h, ModuleHook) and type(getattr(fn, "__self__", None)).__name__ == "Collector"
+        if fn is raised_at_entry:  # the hooks where the user's call enters: the method is its argument
+            fn = h.args[0]
+        return isinstance(h, ModuleHook) and type(getattr(fn, "__self__", None)).__name__ == "ForwardEvents"
     return sum(1 for m in list(model.modules())[1:] if any(map(collector_hook, m._forward_hooks.values())))
 
 

@@ -106,6 +106,8 @@ def _nan_at_step3(rank: int, result: dict[str, Any], kw: dict[str, Any]) -> None
     gate: Gate = model.module.gate
     sentinel = torch_sentinel.attach(model, opt, log_dir=kw["log_dir"], check=kw["check"], flush_every=2)
     result["module_names"] = sentinel.context.module_names
+    if kw.get("lag"):
+        sentinel._ranks.lag = kw["lag"]  # accelerators read one point later: that path, on CPU
     try:
         for step in range(8):
             x = _batch(rank, step)
@@ -196,7 +198,7 @@ def _fsdp_norms(rank: int, result: dict[str, Any], kw: dict[str, Any]) -> None:
             "update_norm": {n: float((p.detach() - before[n]).norm()) for n, p in reference.named_parameters()},
         })
     sentinel.flush()
-    for rec in list(sentinel._recent):
+    for rec in sentinel.recent_records():
         recorded.append({b: rec.mapping(b) for b in ("grad_norm", "param_norm", "update_norm")})
     result["recorded"] = recorded
     result["expected"] = expected
@@ -224,6 +226,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
          {"log_dir": str(root / "nan-batch"), "check": "immediate", "where": "data"}),
         ("inf-forward-deferred", "nan_at_step3",
          {"log_dir": str(root / "inf-forward"), "check": "deferred", "where": "forward"}),
+        ("nan-batch-lagged", "nan_at_step3",
+         {"log_dir": str(root / "nan-lagged"), "check": "deferred", "where": "data", "lag": 1}),
         ("rank0-only", "healthy", {"log_dir": str(root / "rank0-only"), "per_rank": False}),
         ("per-rank", "healthy", {"log_dir": str(root / "per-rank"), "per_rank": True}),
         ("gather", "gather", {}),
@@ -251,7 +255,8 @@ def test_every_rank_raises_at_the_faulty_step(runs: dict[str, Any], name: str, b
     for r in _results(runs, name):
         assert r.get("raised"), f"rank {r['rank']} did not raise: {r}"
         assert r["step"] == 3
-        assert r["at"] == 4  # both raised at the end of step 3's optimizer step, not later
+        assert r["at"] == 4  # both raised at step 4's training forward (the next lockstep point)
+        assert r["last_step"] == 3
         assert r["rank_blamed"] == 1
         assert r["boundary"] == boundary
         assert r["module"] == module
@@ -259,6 +264,13 @@ def test_every_rank_raises_at_the_faulty_step(runs: dict[str, Any], name: str, b
         assert not any(n.startswith("module") for n in r["module_names"])
         assert "gate" in r["module_names"]
         assert "non_finite" in r["report_kinds"] and r["report_ranks"] == [1]
+
+
+def test_the_accelerator_read_path_raises_one_point_later_naming_the_same_step(runs: dict[str, Any]) -> None:
+    # The agreement issued at step 4's forward is read at step 5's (its copy has landed there).
+    for r in _results(runs, "nan-batch-lagged"):
+        assert r.get("raised") and r["step"] == 3 and r["rank_blamed"] == 1 and r["boundary"] == "data"
+        assert r["at"] == 5 and r["last_step"] == 4
 
 
 @pytest.mark.parametrize("name", ["nan-batch-immediate", "rank0-only"], ids=["faulty", "healthy"])

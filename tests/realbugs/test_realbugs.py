@@ -20,18 +20,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 #: Buggy programs the first run (commit 9804e55) did not diagnose correctly: stem -> what happened.
 #: The analysis of each is in FIRST_RUN.md.
 FIRST_RUN_MISSES: dict[str, str] = {
-    "bce_mask_targets_0_255": "invalid_target not found, nothing reported (loss targets are never reduced)",
-    "bce_targets_augmented_to_minus1": "invalid_target not found, nothing reported (loss targets are never reduced)",
-    "class_indices_as_bce_targets": "invalid_target not found, nothing reported (loss targets are never reduced)",
     "box_target_log_of_zero_height": "non_finite at step 15 named likely cause 'learning_rate' "
                                      "(from 2.bias's update ratio 0.14), want 'data' (a -inf target)",
     "dataset_labels_misaligned_with_images": "nothing reported: loss at chance ln 2, but noise dips "
                                              "of 6% pass plateau's 3% improvement test",
-    "kl_div_on_probabilities": "invalid_loss_input not found, nothing reported (kl_div is not watched)",
-    "log_softmax_over_batch_dim": "invalid_loss_input not found, nothing reported (nll_loss inputs "
-                                  "are not checked for log-probabilities over dim 1)",
-    "log_softmax_reshaped_without_permute": "invalid_loss_input not found; only plateau at step 29 (at chance ln 2)",
-    "nll_loss_on_raw_logits": "invalid_loss_input not found, nothing reported",
     "nll_loss_on_softmax_probabilities": "reported as probabilities_as_logits ('nll_loss expects logits'), "
                                          "invalid_loss_input not found",
     "sigmoid_output_with_default_bce_with_logits": "probabilities_as_logits named '' (the squeezed root output), "

@@ -36,7 +36,7 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, nan_at: int 
     ("log_dir", "is_writer", "expected"),
     [
         (None, True, ["ConsoleSink"]),
-        ("run", True, ["ConsoleSink", "JsonlSink", "TensorBoardSink"]),
+        ("run", True, ["ConsoleSink", "JsonlSink", "TensorBoardSink", "PrecisionFileSink"]),
         ("run", False, ["ConsoleSink"]),
     ],
     ids=["no_log_dir", "writer_rank", "other_rank"],

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .._errors import raised_at_entry
 from .compat import is_compiling as _is_compiling
 from .hookset import ModuleHook
 from .schedule import ProbeTable
@@ -81,7 +82,7 @@ class DataEntry:
     def set_active(self, active: bool) -> None:
         """Hook the top-level submodules (or unhook them); between steps."""
         if active and not self._handles:
-            self._handles = [c.register_forward_pre_hook(ModuleHook(self.on_entry), with_kwargs=True)
+            self._handles = [c.register_forward_pre_hook(ModuleHook(raised_at_entry, self.on_entry), with_kwargs=True)
                              for c in self._children]
         elif not active:
             self.close()

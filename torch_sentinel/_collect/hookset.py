@@ -3,40 +3,38 @@
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from torch.utils.hooks import RemovableHandle
 
+from .._errors import SentinelError, without_our_frames
 from .patches import Patch, PatchListener
 
-__all__ = ["HookSet", "ModuleHook"]
+__all__ = ["HookSet", "ModuleHook", "WeakHook"]
 
 
-def _inert(*args: Any, **kwargs: Any) -> None:
-    """What a copied or unpickled module gets in place of a sentinel hook: nothing."""
-    return None
-
-
-def _make_inert() -> Any:
-    return _inert
+#: What an entry the copy could not leave out becomes: a builtin that takes any arguments and
+#: returns None. It holds no reference and names nothing of torch_sentinel, so a file holding
+#: it loads where torch_sentinel is not installed (an audit hook, if any, sees the event).
+_INERT_EVENT = "torch_sentinel.copied_hook"
 
 
 class ModuleHook(functools.partial):
     """A hook stored in a module's hook dicts: ``ModuleHook(fn, *args)`` calls ``fn(*args, ...)``.
 
-    A module keeps its hooks in plain dicts, so ``copy.deepcopy(model)`` (EMA copies,
-    ``swa_utils.AveragedModel``, best-model snapshots) and ``torch.save(model)`` would copy or
-    pickle the whole sentinel behind them (locks, writers, the ledger) and fail, or instrument
-    the copy. A ModuleHook deep-copies and pickles as an inert function: the copy works and is
-    not watched. It is a ``functools.partial``, so calling it adds no Python frame.
+    Copies and pickles of the module leave these entries out (``copies.py``). Where a module's
+    class reduces itself in a way that cannot be edited, the entry copies and pickles as
+    ``functools.partial(sys.audit, ...)``: a no-op returning None, with no reference to the
+    sentinel or to any tensor. It is a ``functools.partial``, so calling it adds no Python frame.
     """
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        return _inert
+        return functools.partial(sys.audit, _INERT_EVENT)
 
     def __reduce__(self) -> Any:
-        return (_make_inert, ())
+        return (functools.partial, (sys.audit, _INERT_EVENT))
 
 
 class HookSet:
@@ -44,6 +42,8 @@ class HookSet:
         self._handles: list[RemovableHandle] = []
         self._patches: list[tuple[Patch, PatchListener]] = []
         self._listeners: list[PatchListener] = []
+        #: Each patch once (several listeners may subscribe to one).
+        self._distinct: list[Patch] = []
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         self._handles.append(handle)
@@ -57,16 +57,13 @@ class HookSet:
         patch.add(proxy)
         self._patches.append((patch, proxy))
         self._listeners.append(listener)
+        if patch not in self._distinct:
+            self._distinct.append(patch)
 
     def ensure_patches(self) -> int:
-        """Re-install any of our patches that another library removed; how many it had to."""
-        seen: set[int] = set()
-        fixed = 0
-        for patch, _ in self._patches:
-            if id(patch) not in seen:
-                seen.add(id(patch))
-                fixed += patch.ensure()
-        return fixed
+        """Re-install any of our patches that another library removed; how many it had to.
+        Called before every root forward: one attribute read per distinct patch."""
+        return sum(patch.ensure() for patch in self._distinct)
 
     def __len__(self) -> int:
         return len(self._handles) + len(self._patches)
@@ -87,6 +84,7 @@ class HookSet:
             except Exception as exc:  # pragma: no cover - defensive
                 errors.append(exc)
         self._listeners.clear()
+        self._distinct.clear()
         if errors:
             raise errors[0]
 
@@ -110,3 +108,26 @@ class _WeakListener:
         listener = self._ref()
         if listener is not None:
             listener.after(args, kwargs, result)
+
+
+class WeakHook:
+    """A hook that calls a collector's bound method through a weak reference.
+
+    For hooks on objects the user may keep after the model is gone (the optimizer): through
+    a strong reference, a kept optimizer would keep the collector, and with it the model.
+    Once the collector is gone the hook does nothing (it is removed at close anyway).
+    """
+
+    __slots__ = ("_method",)
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self._method = weakref.WeakMethod(method)
+
+    def __call__(self, *args: Any) -> Any:
+        method = self._method()
+        if method is None:
+            return None
+        try:
+            return method(*args)
+        except SentinelError as err:  # an optimizer step: where the user's call entered
+            raise without_our_frames(err)  # noqa: B904 - the same error, its traceback shortened

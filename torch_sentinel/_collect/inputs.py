@@ -13,14 +13,14 @@ known from the batch; sampling is decided at run time, so nothing recompiles).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 
+from .._record import Fact, StepMeta, StepRecord
 from .cadence import sampled
 from .graph_taps import MaskTap
 from .probe import Probe, ProbeHost
-from .._record import Fact, StepMeta, StepRecord
 from .transfer import AsyncFetch
 
 __all__ = ["InputMoments", "InputStats"]
@@ -40,6 +40,8 @@ class InputMoments(Fact):
 class InputStats(Probe):
     name = "input_stats"
     publishes = (InputMoments,)
+    #: Set up at attach; the constant-feature mask and its step count are the window.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"first", "every", "tap", "_slots"})
 
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first

@@ -24,7 +24,7 @@ import logging
 import threading
 from typing import Any, Callable, Protocol
 
-from .._errors import SentinelError
+from .._errors import SentinelError, without_our_frames
 
 __all__ = ["RAISED", "Patch", "PatchListener", "patch_for"]
 
@@ -49,6 +49,8 @@ class Patch:
         self.listeners: list[PatchListener] = []
         self._lock = threading.Lock()
         self._depth = threading.local()
+        #: The owner's namespace (a live view), where an installed wrapper sits.
+        self._namespace: Any = getattr(owner, "__dict__", {})
 
     # -- the wrapper ------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -66,8 +68,8 @@ class Patch:
                 for listener in active:
                     try:
                         listener.before(args, kwargs)
-                    except SentinelError:
-                        raise  # an immediate fault the user asked to raise
+                    except SentinelError as err:
+                        raise without_our_frames(err)  # noqa: B904 - an immediate fault the user asked to raise
                     except Exception as exc:
                         patch._drop(listener, exc)
                 result = RAISED
@@ -77,9 +79,9 @@ class Patch:
                     for listener in active:
                         try:
                             listener.after(args, kwargs, result)
-                        except SentinelError:
+                        except SentinelError as err:
                             if result is not RAISED:
-                                raise  # else the user's own exception is already on its way
+                                raise without_our_frames(err)  # noqa: B904 - else the user's own exception is on its way
                         except Exception as exc:
                             patch._drop(listener, exc)
                 return result
@@ -131,7 +133,10 @@ class Patch:
     def ensure(self) -> bool:
         """Wrap again if our wrapper was removed by someone else (e.g. a library restoring a
         saved original). Returns True when it had to. Host only: an attribute read per call."""
-        if self.wrapper is None or self._current() is self.wrapper:
+        wrapper = self.wrapper
+        if wrapper is None or self._namespace.get(self.attr) is wrapper:  # the usual case: one dict read
+            return False
+        if self._current() is wrapper:
             return False
         with self._lock:
             if self.wrapper is None or self.leads_to_wrapper() or not self.listeners:

@@ -26,6 +26,7 @@ Lifecycle of a probe, in order:
    ``on_output``                each floating tensor output by a module you asked for
    ``on_output_grad``           the gradient arriving at a watched module output
    ``on_backward``              a ``backward()`` on a scalar loss of the model (unscaled)
+   ``on_cleared``               the gradients were cleared after this step's first backward
    ``on_pre_step``              an optimizer's step is about to update (gradients final)
    ``on_post_step``             an optimizer's step finished
    ``on_row_close``             the step's row is complete, just before it is queued
@@ -57,11 +58,11 @@ from torch import nn
 from .._record import Fact, FactSources
 
 if TYPE_CHECKING:
-    from .faults import Fault
+    from .._record import StepMeta, StepRecord
+    from .._record.fault import Fault
     from .hookset import HookSet
     from .ledger import Ledger
     from .model_map import ModelMap
-    from .._record import StepMeta, StepRecord
 
 __all__ = ["EVENTS", "Probe", "ProbeHost", "overrides"]
 
@@ -72,6 +73,7 @@ EVENTS = (
     "on_output",
     "on_output_grad",
     "on_backward",
+    "on_cleared",
     "on_pre_step",
     "on_post_step",
     "on_row_close",
@@ -94,31 +96,42 @@ class ProbeHost(Protocol):
     device: torch.device
     #: Removable hooks and patch subscriptions; everything added here is undone at detach.
     hooks: HookSet
-    #: Host facts of the step in progress.
-    meta: StepMeta
     #: The decoders of this sentinel's device facts (``provide`` registers one).
     facts: FactSources
-    #: The 0-based index of the step in progress.
-    step: int
     #: Whether probes check their own slots on the spot (CPU) instead of at flush.
     immediate: bool
     #: Set once a hook was traced by torch.compile: host checks in hooks never run then.
     traced: bool
-    #: Optimizers (by id) that already stepped in the row in progress.
-    stepped_optimizers: set[int]
-    #: Called with a :class:`~torch_sentinel._collect.faults.Fault` found in immediate mode.
-    on_fault: Callable[[Fault], None]
-    #: Inside :meth:`rerun_forward`.
-    rerunning: bool
+    #: Whether some parameter is sharded (DTensor / FSDP2): graph leaves are not the params.
+    sharded: bool
+
+    @property
+    def meta(self) -> StepMeta:
+        """Host facts of the step in progress."""
+        ...
+
+    @property
+    def step(self) -> int:
+        """The number of the step in progress (0-based, or the framework's numbering)."""
+        ...
+
+    @property
+    def stepped_optimizers(self) -> set[int]:
+        """Optimizers (by id) that already stepped in the row in progress."""
+        ...
+
+    @property
+    def rerunning(self) -> bool:
+        """Inside :meth:`rerun_forward`."""
+        ...
+
+    def on_fault(self, fault: Fault) -> None:
+        """Report a :class:`~torch_sentinel._record.fault.Fault` found in immediate mode."""
+        ...
 
     @property
     def fully_watched(self) -> bool:
         """Whether every module is hooked on the step in progress (``watching.py``)."""
-        ...
-
-    @property
-    def sharded(self) -> bool:
-        """Whether some parameter is sharded (DTensor / FSDP2): graph leaves are not the params."""
         ...
 
     def forward_order(self) -> list[int]:
@@ -213,6 +226,10 @@ class Probe:
                 raise TypeError(f"{fact.__name__} is already published by {fact.producer.__name__}")
             fact.producer = cls
 
+    #: Attributes that belong to the live run (set up at attach): never in a checkpoint. A
+    #: detector saves the rest of a probe it holds (see ``detectors/state.py``).
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"host"})
+
     def setup(self, host: ProbeHost) -> None:
         """Reserve ledger blocks and subscribe patches. Called once at attach, before any event."""
 
@@ -244,6 +261,11 @@ class Probe:
     def on_backward(self, loss: torch.Tensor) -> None:
         """``backward()`` was called on ``loss`` (a scalar of the model's graph; unscaled under AMP).
         ``host.meta.backward_calls`` counts the earlier backward calls of this step."""
+
+    def on_cleared(self) -> None:
+        """The model's gradients were cleared after the step's earlier backward calls, which no
+        longer count (a GAN's generator loss reached the discriminator, whose ``zero_grad()``
+        then threw those gradients away): what they measured is void."""
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer`` is about to update: gradients are final (after a closure, if any).

@@ -26,17 +26,17 @@ import re
 import sys
 import weakref
 from collections.abc import Iterable
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
 
+from .._record import StepMeta
 from .cadence import WIDEN_AT
 from .compat import is_compiling as _is_compiling
 from .graph_taps import MaskTap, available
 from .patches import patch_for
 from .probe import Probe, ProbeHost
-from .._record import StepMeta
 from .transfer import AsyncFetch
 
 __all__ = ["ReluSite", "ReluWatch"]
@@ -99,6 +99,9 @@ class ReluWatch(Probe):
     """Installs the ReLU patches and owns the per-site alive masks."""
 
     name = "relu"
+    #: Set up at attach, or one step's scratch (empty between steps); the sites' masks are the window.
+    live_attributes: ClassVar[frozenset[str]] = frozenset(
+        {"every", "tap", "_last", "_modules", "_has_conv1d", "_touched", "_conv1d_shapes"})
 
     def __init__(self, every: int = 1) -> None:
         self.every = max(1, int(every))

@@ -13,8 +13,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .ledger import Ledger
 from .._record import FactSources, StepMeta, StepRecord
+from .ledger import Ledger
 from .transfer import HostRing
 
 __all__ = ["RowQueue"]

@@ -23,9 +23,9 @@ from typing import Optional
 
 import numpy as np
 
-from .ledger import SlotRange
 from .._findings import BOUNDARIES
 from .._record import StepMeta, StepRecord
+from .ledger import SlotRange
 
 __all__ = ["LADDER", "Rung", "RungSpec", "first_bad", "groups", "nonfinite_counts", "slot_is_bad"]
 
@@ -184,7 +184,7 @@ def nonfinite_counts(record: StepRecord) -> dict[str, int]:
     """How many slots of each boundary's blocks are non-finite in a landed row (the
     ``nonfinite/<boundary>`` scalars). Whole blocks are counted, whatever a rung judges."""
     boundaries = [b for b in BOUNDARIES if any(spec.boundary == b for spec in LADDER)]
-    counts = dict.fromkeys(boundaries, 0)
+    counts: dict[str, int] = dict.fromkeys(boundaries, 0)
     if np.isfinite(record.values).all():
         return counts  # the usual row: one pass
     for spec in LADDER:

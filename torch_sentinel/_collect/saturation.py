@@ -17,17 +17,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
-
 import torch
 from torch import nn
 
+from .._record import Fact, StepMeta, StepRecord
 from .batch import fraction
 from .cadence import sampled
 from .probe import Probe, ProbeHost
-from .._record import Fact, StepMeta, StepRecord
 
 __all__ = ["SaturatedFractions", "SaturationWatch"]
 
@@ -47,6 +46,8 @@ class SaturatedFractions(Fact):
 class SaturationWatch(Probe):
     name = "saturation"
     publishes = (SaturatedFractions,)
+    #: All set up at attach: the samples are kept by the detector.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"first", "every", "sites", "_slot", "_found"})
 
     def __init__(self, first: int = 5, every: int = 10) -> None:
         self.first = first

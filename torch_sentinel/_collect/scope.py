@@ -86,6 +86,11 @@ class BackwardScope:
         #: Set once a graph task reached this model and another attached one.
         self.adversarial = False
         self.closed = False
+        #: The fallback where the outputs could not be marked (a root hook traced by
+        #: torch.compile, outputs in an object the walk cannot look into): a backward after a
+        #: forward of the model belongs to it. Set by the forward events, read by the backward's.
+        self.unmarked = False
+        self.forward_since_backward = False
 
     # -- the backward patch (calling thread) ---------------------------------------------
     def begin(self, root: torch.Tensor, loss: torch.Tensor, orphan: bool = False) -> bool:

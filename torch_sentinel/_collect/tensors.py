@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -32,7 +33,8 @@ except (AttributeError, RuntimeError):  # pragma: no cover - older torch
 
 
 def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    """Tensors inside a module's output: tensors, tuples, lists, dicts and ``ModelOutput``s."""
+    """Tensors inside a module's output: tensors, tuples, lists, dicts, ``ModelOutput``s and
+    dataclasses."""
     if isinstance(obj, torch.Tensor):
         yield obj
     elif depth < 4:
@@ -42,6 +44,9 @@ def iter_tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
         elif isinstance(obj, Mapping):
             for item in obj.values():
                 yield from iter_tensors(item, depth + 1)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            for field in dataclasses.fields(obj):
+                yield from iter_tensors(getattr(obj, field.name, None), depth + 1)
 
 
 #: Every floating dtype this torch has (float8 variants included).

@@ -7,7 +7,7 @@ step is still in hand) ordinary steps hook only
 
 - the root, whose outputs carry the step's forward check (a non-finite value anywhere upstream
   reaches them, or is localised by running the forward again: ``rerun.py``);
-- the modules whose output gradients are watched every step (``OutputGradProbe.plan``: outputs
+- the modules whose output gradients are watched every step (:class:`GradientWatch`: outputs
   that feed custom modules, functional code or the loss), where backward faults are localised;
 - the modules a probe needs on this step (``Probe.due``: dead-ReLU masks every step, saturation
   and loss-input samples on their own cadence).
@@ -36,12 +36,15 @@ from typing import Callable
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .._errors import raised_at_entry
+from .cadence import sampled
 from .compat import forward_hooks, hook_handles_made
 from .hookset import ModuleHook
 from .probe import Probe
 from .schedule import ProbeTable
+from .tensors import STANDARD_LAYERS
 
-__all__ = ["ModuleWatch"]
+__all__ = ["GradientWatch", "ModuleWatch"]
 
 
 class ModuleWatch:
@@ -135,7 +138,7 @@ class ModuleWatch:
                 if not check_order or _runs_last(module, handle):
                     continue
                 handle.remove()  # a hook registered after ours (see module doc): be last again
-            handles[slot] = module.register_forward_hook(ModuleHook(self._on_output, slot))
+            handles[slot] = module.register_forward_hook(ModuleHook(raised_at_entry, self._on_output, slot))
         self._handles_made = hook_handles_made()
 
     def _due_probes(self) -> list[Probe]:
@@ -165,3 +168,41 @@ def _runs_last(module: nn.Module, handle: RemovableHandle) -> bool:
         if not isinstance(hooks[hook_id], ModuleHook):
             return False
     return True  # ours is gone from the dict (removed elsewhere): nothing to reorder
+
+
+class GradientWatch:
+    """Which module outputs get a hook for the gradient arriving at them in backward.
+
+    Every output on sampled steps (:meth:`watch_all_due`); on the others only those whose
+    gradient a module's own backward made that could have gone non-finite (:meth:`plan`).
+    """
+
+    def __init__(self, modules: Sequence[tuple[str, nn.Module]]) -> None:
+        ms = [m for _, m in modules]
+        self._standard = [isinstance(m, STANDARD_LAYERS) for m in ms]
+        self._is_leaf = [next(iter(m.children()), None) is None for m in ms]
+        #: Whether each module's output gradient is watched outside the steps that watch all.
+        self.watched = [True] * len(ms)
+
+    @staticmethod
+    def watch_all_due(step: int) -> bool:
+        """Every output gradient is reduced on sampled steps (``cadence.py``): the
+        gradient-scale detectors compare the signal across all layers on those steps."""
+        return sampled(step)
+
+    def plan(self, order: list[int]) -> None:
+        """Decide, once the execution order is known, which outputs' gradients to reduce.
+
+        The gradient arriving at a module's output is what its consumer's backward produced.
+        When both the module and the next leaf module in execution order are standard layers
+        (Linear, Conv, norms, value-preserving activations and pools), that backward cannot
+        turn finite values into non-finite ones, and the gradient is also seen further down
+        (in the next watched output, or the parameters' gradient norms): reducing it would only
+        cost bandwidth, on a CNN eleven activation-sized passes of twelve. Outputs that feed
+        custom modules, functional code or the loss stay watched, and so do custom modules' own
+        outputs, which mark their place in the backward order for localisation.
+        """
+        leaves = [s for s in order if self._is_leaf[s]]
+        for here, after in zip(leaves, leaves[1:]):
+            if self._standard[here] and self._standard[after]:
+                self.watched[here] = False

@@ -16,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Sequence
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 
 from .._record import Fact, StepRecord
@@ -50,6 +48,8 @@ class WeightPrints(Probe):
 
     name = "weight_prints"
     publishes = (WeightChange,)
+    #: Set up at attach (the fingerprints hold device tensors of the live weights).
+    live_attributes = frozenset({"host", "_candidates", "_prints", "unprintable"})
 
     def __init__(self, candidates: Callable[[], set[str]]) -> None:
         self._candidates = candidates

@@ -16,12 +16,9 @@ A fact reaches a step record in one of two ways:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar, Optional, TypeVar
+from typing import ClassVar, Optional, TypeVar
 
-if TYPE_CHECKING:
-    from .record import StepRecord
-
-__all__ = ["Fact", "FactSources", "F"]
+__all__ = ["F", "Fact"]
 
 
 class Fact:
@@ -36,27 +33,3 @@ class Fact:
 
 
 F = TypeVar("F", bound=Fact)
-
-#: Decodes one fact from a landed record (None when the step has none).
-Decoder = Callable[["StepRecord"], Optional[Fact]]
-
-
-class FactSources:
-    """The decoders of one sentinel's device facts, by fact type (shared by all its records)."""
-
-    __slots__ = ("_decoders",)
-
-    def __init__(self) -> None:
-        self._decoders: dict[type[Fact], Decoder] = {}
-
-    def provide(self, kind: type[Fact], decoder: Decoder) -> None:
-        """Make ``kind`` readable from every record of this sentinel, through ``decoder``."""
-        if kind in self._decoders:
-            raise KeyError(f"fact {kind.__name__} already has a source")
-        self._decoders[kind] = decoder
-
-    def get(self, kind: type[Fact]) -> Optional[Decoder]:
-        return self._decoders.get(kind)
-
-    def __contains__(self, kind: type[Fact]) -> bool:
-        return kind in self._decoders

@@ -6,17 +6,42 @@ a live tensor: the row is a numpy copy that reached the host with one non-blocki
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
-from .fact import F, FactSources
+from .fact import F, Fact
 from .layout import SlotRange
 from .step import StepMeta
 
-__all__ = ["StepRecord"]
+__all__ = ["FactSources", "StepRecord"]
 
 _NOT_READ = object()
+
+
+#: Decodes one fact from a landed record (None when the step has none).
+Decoder = Callable[["StepRecord"], Optional[Fact]]
+
+
+class FactSources:
+    """The decoders of one sentinel's device facts, by fact type (shared by all its records)."""
+
+    __slots__ = ("_decoders",)
+
+    def __init__(self) -> None:
+        self._decoders: dict[type[Fact], Decoder] = {}
+
+    def provide(self, kind: type[Fact], decoder: Decoder) -> None:
+        """Make ``kind`` readable from every record of this sentinel, through ``decoder``."""
+        if kind in self._decoders:
+            raise KeyError(f"fact {kind.__name__} already has a source")
+        self._decoders[kind] = decoder
+
+    def get(self, kind: type[Fact]) -> Optional[Decoder]:
+        return self._decoders.get(kind)
+
+    def __contains__(self, kind: type[Fact]) -> bool:
+        return kind in self._decoders
 
 
 class StepRecord:

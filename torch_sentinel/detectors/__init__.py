@@ -10,10 +10,9 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-
 from collections.abc import Sequence
 
-from .._collect.probe import Probe, ProbeHost
+from .._collect.probe import ProbeHost
 from .._findings import BOUNDARIES
 from .base import Detector, RunContext, Threshold
 
@@ -23,7 +22,7 @@ __all__ = ["Detector", "RunContext", "Threshold", "builtin_detectors", "default_
 _NOT_DETECTORS = frozenset({"base", "state"})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def builtin_detectors() -> tuple[type[Detector], ...]:
     """Every detector class that ships, in ladder order (rung, then kind)."""
     found: list[type[Detector]] = []

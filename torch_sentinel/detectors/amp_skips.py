@@ -8,7 +8,7 @@ themselves are inf/NaN at every step.
 
 from __future__ import annotations
 
-from .._collect.probes.amp import LossScale
+from .._collect.amp import LossScale
 from .._record import StepRecord
 from .base import Detector, Threshold
 

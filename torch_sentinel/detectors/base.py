@@ -121,6 +121,10 @@ class Detector:
     #: that never move (``no_update``) are why the loss does not fall (``plateau``). The report
     #: and the error lead with the explaining kind (``diagnosis/ladder.py``).
     explains: ClassVar[tuple[str, ...]] = ()
+    #: Attributes that attach() rebuilds (the run context, references into the model, pending
+    #: device copies): never in state_dict(). Every other attribute must be plain host data
+    #: (see ``detectors/state.py``); list a subclass's own here, the base's are included.
+    live_attributes: ClassVar[frozenset[str]] = frozenset({"ctx", "_flagged"})
 
     ctx: RunContext
 
@@ -175,9 +179,10 @@ class Detector:
         return Finding(kind=self.kind, boundary=self.rung, message=message, **fields)
 
     def state_dict(self) -> dict[str, Any]:
-        """The host state carried across a checkpoint (windows, counters, verdicts given).
-        Default: every attribute that is plain host data; see ``detectors/state.py``."""
+        """The host state carried across a checkpoint (windows, counters, verdicts given), as
+        plain data. Default: every attribute not in ``live_attributes``; see ``detectors/state.py``."""
         return host_state(self)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        restore_state(self, state)
+    def load_state_dict(self, state: dict[str, Any], device: Optional[torch.device] = None) -> None:
+        """Restore what :meth:`state_dict` saved; saved tensors go to ``device``."""
+        restore_state(self, state, device)

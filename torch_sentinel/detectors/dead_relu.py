@@ -47,6 +47,8 @@ class DeadReluDetector(Detector):
         "min_steps": Threshold(20, "sampled steps: a unit that fires on 1 batch in 20 is alive"),
         "every": Threshold(4, "past step 100, one step in 4 is sampled (the mask reads every ReLU output)"),
     }
+    #: A device copy in flight.
+    live_attributes = frozenset({"_pending"})
 
     def __init__(self) -> None:
         self.watch = ReluWatch()
@@ -60,9 +62,6 @@ class DeadReluDetector(Detector):
         self._first_step: Optional[int] = None
         self._latest: dict[str, float] = {}
         self._said_blind = False
-
-    def probes(self) -> Sequence[Probe]:
-        return (self.watch,)
 
     def probes(self) -> Sequence[Probe]:
         return (self.watch,)

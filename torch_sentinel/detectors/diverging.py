@@ -21,9 +21,10 @@ Two shapes of divergence:
 
 A climbing loss is a symptom; the claim the finding makes (``next_check`` "lower the learning
 rate": the optimization is unstable) needs the detector's update-side figures to agree. An
-unstable optimizer shows it in the updates: an update/weight ratio above ``update_ratio.high``
-(``diverging.unstable_ratio``, the same 0.1) on a sampled step since shortly before the climb began, a gradient norm grown ``_GRAD_GROWTH``
-times over the climb, or a loss that went non-finite. Without one of those the loss climbed for
+unstable optimizer shows it in the updates: an update/weight ratio above
+``diverging.unstable_ratio`` (0.1, ``update_ratio``'s bound) on a sampled step since shortly
+before the climb began, a gradient norm grown ``_GRAD_GROWTH`` times over the climb (not at lr
+0), or a loss that went non-finite. Without one of those the loss climbed for
 another reason (a value loss whose targets grow as a policy improves, a robust loss whose batch
 value depends on how many outliers the batch holds) and the finding is ``info``, with the
 figures that contradict instability.
@@ -67,7 +68,7 @@ class DivergingDetector(Detector):
 
     def setup(self) -> None:
         self.factor = self.threshold("factor")
-        self.high = self.threshold("unstable_ratio")
+        self.unstable_ratio = self.threshold("unstable_ratio")
         self.loss = LossHistory()
         self._window: list[tuple[int, float]] = []
         self._recent: collections.deque[float] = collections.deque(maxlen=SMOOTH)
@@ -199,9 +200,9 @@ class DivergingDetector(Detector):
         if ratios:
             worst = max(ratios, key=lambda x: x[1])
             figures["update_ratio_max"] = {"step": worst[0], "ratio": worst[1]}
-            if worst[1] > self.high:
+            if worst[1] > self.unstable_ratio:
                 return (f"the update/weight ratio at step {worst[0]} was {worst[1]:.3g}, above "
-                        f"{self.high:g}"), figures
+                        f"{self.unstable_ratio:g}"), figures
         # like with like: as many steps before the climb as during it, and the whole
         # distribution must move (median and 90th percentile): a policy-gradient loop's gradient
         # norms come in bursts, and a median over a stretch that happens to hold more of them

@@ -27,7 +27,7 @@ from .._findings import Finding
 from .._record import Fact, StepRecord
 from .base import Detector, Threshold
 
-__all__ = ["EvalModeTrainingDetector", "ModesAtBackward", "ModeWatch"]
+__all__ = ["EvalModeTrainingDetector", "ModeWatch", "ModesAtBackward"]
 
 _MODE_DEPENDENT = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 #: Stands first in ``ModesAtBackward.in_eval`` when the whole model was in eval mode.

@@ -1,48 +1,35 @@
 """``loss_broadcast``: an element-wise loss whose input and target shapes differ and broadcast.
 
 ``mse_loss(pred_of_shape_(B, 1), target_of_shape_(B,))`` silently compares every prediction with
-every target, a (B, B) matrix: the model learns the target mean. PyTorch only warns once, and
-the warning is easy to lose in a log. The shapes are host facts, so this costs no device work
-and fires on the first training call.
+every target, a (B, B) matrix: the model learns the target mean. PyTorch only warns once (for
+MSE, L1, Huber and smooth L1; ``kl_div``, Poisson and Gaussian NLL, hinge embedding and
+multi-label soft margin do not even warn), and the warning is easy to lose in a log. It is one
+named clause of the loss contracts (``losses/contracts.py``): the shapes are host facts, so it
+costs no device work and is reported at the first probed training call. A target that
+broadcasts into the input's own shape (a scalar, or one vector for the whole batch) is meant.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Optional
+from typing import ClassVar
 
-from .._collect.loss_inputs import LossBroadcasts
 from .._findings import Finding
-from .._record import StepRecord
-from .base import Detector
+from ..losses.verdicts import Limits, Verdict
+from .base import Threshold
+from .loss_contracts import ContractDetector
 
 __all__ = ["LossBroadcastDetector"]
 
 
-class LossBroadcastDetector(Detector):
+class LossBroadcastDetector(ContractDetector):
     kind = "loss_broadcast"
     rung = "shapes"
     next_check = "reshape_target_or_output_to_match"
     hypothesis = "the loss silently broadcasts mismatched shapes"
-    reads = (LossBroadcasts,)
+    thresholds: ClassVar[dict[str, Threshold]] = {}
 
-    def update(self, record: StepRecord) -> None:
-        self._report(record.fact(LossBroadcasts))
+    def limits(self) -> Limits:
+        return Limits()  # a host fact: reported at its first breach, no threshold
 
-    def conclude(self, final: bool = False) -> Iterable[Finding]:
-        if final:  # a loop that never stepped: the calls of the step in progress
-            seen = self.ctx.in_progress().facts.get(LossBroadcasts)
-            self._report(seen if isinstance(seen, LossBroadcasts) else None)
-        return ()
-
-    def _report(self, seen: Optional[LossBroadcasts]) -> None:
-        for ev in seen.events if seen is not None else ():
-            self.flag(self.finding(
-                f"{ev.function} got input of shape {ev.input_shape} and target of shape "
-                f"{ev.target_shape}; they broadcast to {ev.broadcast_shape}, so every "
-                "prediction is compared with targets of other samples",
-                step=ev.step, severity="error",
-                evidence={"loss_function": ev.function, "input_shape": list(ev.input_shape),
-                          "target_shape": list(ev.target_shape),
-                          "broadcast_shape": list(ev.broadcast_shape)},
-            ))
+    def to_finding(self, v: Verdict) -> Finding:
+        return self.finding(v.message, step=v.step, severity="error", evidence={**v.evidence, "loss_function": v.loss})

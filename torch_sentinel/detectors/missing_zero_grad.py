@@ -153,6 +153,8 @@ class MissingZeroGradDetector(Detector):
     reads = (StaleGradients, StaleByOptimizer, GradNorms)
     thresholds = {"min_steps": Threshold(3, "consecutive steps carrying non-zero stale gradients: one or "
                                             "two could be a deliberate accumulation across steps")}
+    #: Derived from the run at setup.
+    live_attributes = frozenset({"_enabled", "_per_optimizer"})
 
     def setup(self) -> None:
         self.min_steps = int(self.threshold("min_steps"))

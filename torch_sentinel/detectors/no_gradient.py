@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import numpy as np
+import torch
 
 from .._collect.graph_walk import LossGraph
 from .._collect.network_forwards import NetworkForwards, network_of
@@ -208,8 +209,8 @@ class NoGradientDetector(Detector):
             )
         return self._settled_cache
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
+    def load_state_dict(self, state: dict[str, Any], device: Optional[torch.device] = None) -> None:
+        super().load_state_dict(state, device)
         self._settled_cache = None  # rebuilt from the restored sets
 
     def _watched(self) -> list[str]:

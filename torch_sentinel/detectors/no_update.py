@@ -36,6 +36,7 @@ Thresholds:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from typing import Optional
@@ -79,6 +80,9 @@ class NoUpdateDetector(Detector):
         self._candidates: set[str] = set()
         self.prints = WeightPrints(lambda: self._candidates)
 
+    #: Derived from the run at setup.
+    live_attributes = frozenset({"_resolution", "_optimizer_of"})
+
     def probes(self) -> Sequence[Probe]:
         return (self.prints,)
 
@@ -89,7 +93,7 @@ class NoUpdateDetector(Detector):
         # significant digits (eps 7.8e-3), so only steps above that are evidence there.
         self._resolution = {n: max(_RESOLUTION, float(torch.finfo(dtype).eps))
                             for n, dtype in self.ctx.param_dtypes.items() if dtype.is_floating_point}
-        self._prev: Optional[StepRecord] = None
+        self._prev: Optional[_Step] = None
         #: The run's first finite loss, and the loss of recent steps (for "converged").
         self._first_loss: Optional[float] = None
         self._losses: dict[int, float] = {}
@@ -137,8 +141,8 @@ class NoUpdateDetector(Detector):
         prev = self._prev
         # Rows are compared when they are consecutive rows, whatever their step numbers:
         # Lightning's manual optimization with two optimizers numbers them 0, 2, 4, ...
-        if prev is not None and prev.meta.row == rec.meta.row - 1 and prev.meta.weights_recorded \
-                and rec.meta.weights_recorded and prev.meta.backward_calls and not prev.meta.amp_skipped:
+        if prev is not None and prev.row == rec.meta.row - 1 and prev.weights is not None \
+                and rec.meta.weights_recorded and prev.trained:
             self._compare(prev, rec, watched)
         if lrs:
             if max(lrs) == 0 and self._max_lr > 0 and self._lr_zero_since is None:
@@ -159,7 +163,7 @@ class NoUpdateDetector(Detector):
         elif how is None and "<cleared>" not in self._reported:
             self._cleared_steps = []  # consecutive steps only
             self._cleared_how = {}
-        self._prev = rec
+        self._prev = _Step.of(rec)
 
     def conclude(self, final: bool = False) -> Iterable[Finding]:
         watched = self._watched()
@@ -220,20 +224,19 @@ class NoUpdateDetector(Detector):
                 return "clip"
         return None
 
-    def _compare(self, prev: StepRecord, rec: StepRecord, watched: list[str]) -> None:
-        w0, w1, g = prev.fact(WeightNorms), rec.fact(WeightNorms), prev.fact(GradNorms)
-        if w0 is None or w1 is None or g is None:
+    def _compare(self, prev: _Step, rec: StepRecord, watched: list[str]) -> None:
+        w1 = rec.fact(WeightNorms)
+        if prev.weights is None or w1 is None:
             return
-        # The gradients the step applied (after clipping): a gradient clipped to 0 moves nothing.
-        pre0, pre1, grads = w0.by_name(), w1.by_name(), dict(zip(g.names, g.at_step.tolist()))
-        lrs = [lr for lr in prev.meta.lrs if lr is not None]
+        pre0, pre1, grads = prev.weights, w1.by_name(), prev.grads
+        lrs = [lr for lr in prev.lrs if lr is not None]
         decayed = bool(lrs) and self._max_lr > 0 and 0 < max(lrs) < 1e-3 * self._max_lr
         lr_zero = bool(lrs) and max(lrs) == 0
         lr = max(lrs) if lrs else 1.0
-        skip = set(prev.meta.frozen) | set(prev.meta.grad_missing)
+        skip = set(prev.frozen) | set(prev.grad_missing)
         change = rec.fact(WeightChange)
         printed = set(change.names) if change is not None else set()
-        stepped = prev.meta.stepped
+        stepped = prev.stepped
         if len(self.ctx.optimizer_groups) > 1:
             # several optimizers: only those that stepped in that row moved anything
             skip |= {n for n in watched if self._optimizer_of.get(n, -1) not in stepped}
@@ -274,10 +277,9 @@ class NoUpdateDetector(Detector):
         owners = [self.ctx.owner(n) for n in still]
         module = common_module(owners)
         rec = self._prev
-        lrs = rec.meta.lrs if rec is not None else []
+        lrs = rec.lrs if rec is not None else []
         steps = sorted({s for v in still.values() for s in v})
-        last = rec.fact(GradNorms) if rec is not None else None
-        grads = dict(zip(last.names, last.at_step.tolist())) if last is not None else {}
+        grads = rec.grads if rec is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
         fell = self._lr_zero_since
         flat = self._converged_loss(steps)
@@ -358,7 +360,7 @@ class NoUpdateDetector(Detector):
         opt = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params and not n.startswith("<")]
         module = common_module(self.ctx.owner(n) for n in opt)
         trainable_outside = [n for n in self.ctx.param_names if n not in self.ctx.optimizer_params
-                             and n not in set(self._prev.meta.frozen if self._prev else ())]
+                             and n not in set(self._prev.frozen if self._prev else ())]
         return [self.finding(
             f"every one of the {len(opt)} parameter(s) the optimizer holds (under "
             f"{module or '<model>'}) has requires_grad=False, so optimizer.step() changes nothing "
@@ -385,3 +387,28 @@ class NoUpdateDetector(Detector):
             module="", step=0, severity="error",
             evidence={"backward_calls": now.backward_calls, "optimizer_steps": 0},
         )]
+
+
+@dataclasses.dataclass
+class _Step:
+    """What a comparison needs of the previous step (plain data: it is checkpointed)."""
+
+    step: int
+    row: int
+    #: A backward ran and the AMP scaler did not skip the step.
+    trained: bool
+    lrs: list[Optional[float]]
+    frozen: tuple[str, ...]
+    grad_missing: tuple[str, ...]
+    stepped: list[int]
+    #: Weight norms as the step found them (None where they were not read).
+    weights: Optional[dict[str, float]]
+    #: The gradient norms the step applied (after clipping: a gradient clipped to 0 moves nothing).
+    grads: dict[str, float]
+
+    @classmethod
+    def of(cls, rec: StepRecord) -> _Step:
+        meta, w, g = rec.meta, rec.fact(WeightNorms), rec.fact(GradNorms)
+        return cls(rec.step, meta.row, bool(meta.backward_calls) and not meta.amp_skipped, list(meta.lrs),
+                   meta.frozen, meta.grad_missing, list(meta.stepped), w.by_name() if w is not None else None,
+                   dict(zip(g.names, g.at_step.tolist())) if g is not None else {})

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from .._collect.faults import DATA_SHAPE_KEYS, Fault, weight_fault
-from .._collect.rungs import LADDER, first_bad, groups
+from .._collect.rungs import first_bad, groups
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding
 from .._record import StepRecord, TensorEvidence, shape_and_dtype
+from .._record.fault import DATA_SHAPE_KEYS, Fault
 from ..diagnosis.causes import rank_causes
 from .base import RunContext
 
@@ -51,98 +51,45 @@ def _present(lo: float, hi: float) -> str:
     return ", ".join(kinds) or "non-finite values"
 
 
-def _norm_kinds(norm: float) -> str:
-    """What a non-finite L2 norm says about its tensor: NaN propagates; +inf means an Inf of
-    either sign (or a NaN-free overflow, which the caller rules out)."""
-    return "NaN" if math.isnan(norm) else "Inf"
-
-
 def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fault]:
     """The first boundary (and module) with a non-finite slot in this step's row, or None.
 
     The order of the rungs, and what counts as non-finite at each, is ``_collect.rungs.LADDER``
-    (the same table the cross-rank agreement uses); this only describes the fault it finds.
+    (the same table the cross-rank agreement uses); the fault is described by
+    :meth:`Fault.at_rung`, as there, from what the row holds.
     """
     v = record.values
     if core_rows_finite(v, core_width):
         return None
-    hit = first_bad(v, record.blocks, record.meta, ctx.forward_order(), ctx.exact_norms)
+    order = ctx.forward_order()
+    hit = first_bad(v, record.blocks, record.meta, order, ctx.exact_norms)
     if hit is None:
         return None
     spec, i, key = hit
-    return _DESCRIBE[spec.kind](record, ctx, i, key)
-
-
-def _weights(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
-    norm = record.value("param_norm", key)
-    fault = weight_fault(record.step, ctx.owner(key), key, norm)
-    fault.detail["kinds"] = _norm_kinds(norm)
-    return fault
-
-
-def _data(record: StepRecord, ctx: RunContext, k: int, key: str) -> Fault:
-    lo, hi = record.value("data.min", key), record.value("data.max", key)
-    ev = _flags(lo, hi)
-    ev.shape, ev.dtype = shape_and_dtype(record.meta.shapes.get(DATA_SHAPE_KEYS[k]))
-    return Fault(record.step, "data", None, ev, {"present": _present(lo, hi),
-                                                 "input": "args[0]" if k == 0 else "extra input"})
-
-
-def _forward(record: StepRecord, ctx: RunContext, slot: int, key: str) -> Fault:
-    lo, hi = float(record.array("act.min")[slot]), float(record.array("act.max")[slot])
-    ev = _flags(lo, hi)
-    ev.shape, ev.dtype = shape_and_dtype(record.meta.shapes.get(slot))
-    name = ctx.module_names[slot]
-    return Fault(record.step, "forward", name, ev, {"present": _present(lo, hi),
-                                                    "module_type": ctx.module_types.get(name, "")})
-
-
-def _loss(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
-    value = record.value("loss", key)
-    return Fault(record.step, "loss", None, TensorEvidence(shape=(), dtype=None),
-                 {"present": _present(value, value), "loss": key})
-
-
-def _outgrad(record: StepRecord, ctx: RunContext, slot: int, key: str) -> Fault:
-    spec = next(r for r in LADDER if r.kind == "outgrad")
-    order = [i for i, _, _ in groups(spec, record.blocks, ctx.forward_order(), record.meta)]
-    at = order.index(slot)
-    previous = order[at - 1] if at > 0 else None  # the module whose backward produced it
-    lo, hi = float(record.array("outgrad.min")[slot]), float(record.array("outgrad.max")[slot])
-    ev = _flags(lo, hi)
-    ev.shape, ev.dtype = shape_and_dtype(record.meta.shapes.get(slot))  # a gradient has its output's shape
-    return Fault(record.step, "gradients", ctx.module_names[previous] if previous is not None else None, ev, {
-        "present": _present(lo, hi),
-        "incoming_to": ctx.module_names[slot],
-        "source": "module backward" if previous is not None else "loss backward",
-    })
-
-
-def _grad_norm(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
-    return Fault(record.step, "gradients", ctx.owner(key), TensorEvidence(), {
-        "present": "non-finite gradient norm", "parameter": key, "grad_norm": record.value("grad_norm", key),
-        "kinds": _norm_kinds(record.value("grad_norm", key)),
-    })
-
-
-def _stale(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
-    return Fault(record.step, "gradients", None, TensorEvidence(), {
-        "present": "non-finite gradients carried over from the previous step",
-        "kinds": _norm_kinds(record.value("misc", key)),
-    })
-
-
-def _update(record: StepRecord, ctx: RunContext, i: int, key: str) -> Fault:
-    return Fault(record.step, "updates", ctx.owner(key), TensorEvidence(), {
-        "present": "non-finite update", "parameter": key, "kinds": _norm_kinds(record.value("update_norm", key)),
-    })
-
-
-#: How a fault at each rung of ``LADDER`` is described.
-_DESCRIBE: dict[str, Callable[[StepRecord, RunContext, int, str], Fault]] = {
-    "weights": _weights, "data": _data, "forward": _forward, "loss": _loss, "outgrad": _outgrad,
-    "grad_norm": _grad_norm, "stale": _stale, "update_norm": _update,
-}
+    kind = spec.kind
+    detail: dict[str, object] = {}
+    evidence = None
+    value: Optional[float] = None
+    previous: Optional[int] = None
+    if len(spec.blocks) == 2:  # a (min, max) pair: what it holds, and the tensor's shape
+        lo, hi = record.value(spec.blocks[0], key), record.value(spec.blocks[1], key)
+        evidence = _flags(lo, hi)
+        shapes = record.meta.shapes
+        evidence.shape, evidence.dtype = shape_and_dtype(shapes.get(DATA_SHAPE_KEYS[i] if kind == "data" else i))
+        detail["present"] = _present(lo, hi)
+    else:
+        value = record.value(spec.blocks[0], key)
+    if kind == "forward":
+        detail["module_type"] = ctx.module_types.get(ctx.module_names[i], "")
+    elif kind == "loss":
+        detail["present"] = _present(value if value is not None else math.nan, value if value is not None else math.nan)
+        evidence = TensorEvidence(shape=(), dtype=None)
+    elif kind == "outgrad":
+        slots = [slot for slot, _, _ in groups(spec, record.blocks, order, record.meta)]
+        at = slots.index(i)
+        previous = slots[at - 1] if at > 0 else None  # the module whose backward produced it
+    return Fault.at_rung(kind, record.step, i, key, ctx.module_names, ctx.owner, previous=previous,
+                         value=value, evidence=evidence, **detail)
 
 
 def update_ratio(records: Sequence[StepRecord], before_step: int, weights: Optional[set[str]] = None,

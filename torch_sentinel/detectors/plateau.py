@@ -28,7 +28,7 @@ from typing import Optional
 
 import numpy as np
 
-from .._collect.loss_inputs import LossCall
+from .._collect.loss_inputs import LossCalls
 from .._findings import Finding
 from .._record import StepRecord
 from ._evidence import LossHistory
@@ -51,7 +51,7 @@ class PlateauDetector(Detector):
     rung = "curves"
     next_check = "inspect_learning_rate_and_capacity"
     hypothesis = "learning has stalled"
-    reads = (LossCall,)
+    reads = (LossCalls,)
     thresholds = {
         "min_steps": Threshold(30, "steps of history before a run can be called stuck"),
         "improvement": Threshold(0.03, "DeepDiagnosis flags a loss unchanged over 5 checks; "
@@ -86,9 +86,9 @@ class PlateauDetector(Detector):
                 self._head = []
                 self._count = 0
             self._lr = lr
-        call = record.fact(LossCall)
-        if call is not None and call.classes is not None:
-            self._classes = call.classes
+        calls = record.fact(LossCalls)
+        if calls is not None and calls.classes is not None:
+            self._classes = calls.classes
         loss = record.loss
         if loss is not None and math.isfinite(loss) and not record.meta.amp_skipped \
                 and (self._since is None or record.step >= self._since):

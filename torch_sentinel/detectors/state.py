@@ -1,69 +1,87 @@
 """A detector's windows across a checkpoint: the host state it keeps between flushes.
 
-A detector keeps plain host values between windows (counters, deques of recent figures, the
-smoothed loss curve, verdicts already given). Those are what a resumed run needs to go on
-judging the same curve; anything that points at the live run (the run context, probes, device
-tensors, pending device copies) is rebuilt by ``attach()`` and is left out.
+A detector keeps host values between windows (counters, deques of recent figures, the smoothed
+loss curve, verdicts already given). Those are what a resumed run needs to go on judging the
+same curve, and every one of them is saved, as plain data (``torch_sentinel/_plain.py``).
+
+What belongs to the live run is rebuilt by ``attach()`` and never saved. It is named, not
+guessed: a class lists such attributes in ``live_attributes`` (the run context, the probe host,
+references into the model, pending device copies; the lists of every class in the MRO count),
+an attribute named ``*_cache`` is derived on demand, and an attribute named after one of the
+detector's ``thresholds`` is the new run's configuration. A probe the detector holds (a
+dead-unit mask, a constant-feature mask) is saved with the same rules and restored into the
+new run's probe in place. Any other value that is not plain data is an error at
+``state_dict()`` naming the detector and the attribute.
 """
 
 from __future__ import annotations
 
-import collections
-import copy
-from typing import Any
+from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from .._collect.probe import Probe
+from .._plain import PlainStateError, decode, encode
 
-__all__ = ["host_state", "restore_state"]
+__all__ = ["host_state", "live_attributes", "restore_state"]
 
-#: Attributes that belong to the live run, never to a checkpoint.
-_LIVE = frozenset({"ctx", "host"})
-#: Attributes named ``*_cache`` are derived from the live run (index arrays over the record
-#: layout) and rebuilt on demand: never checkpointed, never restored.
+#: Marks a saved probe (restored in place into the new run's probe of the same class).
+_PROBE = "__probe__"
 _CACHE_SUFFIX = "_cache"
 
 
-def _live(name: str) -> bool:
-    return name in _LIVE or name.endswith(_CACHE_SUFFIX)
+def live_attributes(obj: Any) -> frozenset[str]:
+    """The attributes of ``obj`` that ``attach()`` rebuilds: never saved, never restored."""
+    names: set[str] = set()
+    for klass in type(obj).__mro__:
+        names.update(klass.__dict__.get("live_attributes", ()))
+        names.update(klass.__dict__.get("thresholds", {}).keys())
+    return frozenset(names)
 
 
-def _portable(value: Any, depth: int = 0) -> bool:
-    """Plain host data: numbers, strings, numpy arrays, containers of them, and small objects
-    of this package made only of those (e.g. ``SmoothedLoss``)."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes, np.generic, np.ndarray)):
-        return True
-    if isinstance(value, (torch.Tensor, Probe)) or depth > 4:
-        return False
-    if isinstance(value, (list, tuple, set, frozenset, collections.deque)):
-        return all(_portable(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return all(_portable(k, depth + 1) and _portable(v, depth + 1) for k, v in value.items())
-    if not type(value).__module__.startswith("torch_sentinel"):
-        return False
-    fields = _fields(value)
-    return fields is not None and all(_portable(v, depth + 1) for v in fields.values())
-
-
-def _fields(value: Any) -> dict[str, Any] | None:
-    if hasattr(value, "__dict__"):
-        return dict(vars(value))
-    slots = getattr(type(value), "__slots__", None)
-    if slots is None:
-        return None
-    return {name: getattr(value, name) for name in slots if hasattr(value, name)}
+def _saved_attributes(obj: Any) -> dict[str, Any]:
+    live = live_attributes(obj)
+    return {k: v for k, v in vars(obj).items() if k not in live and not k.endswith(_CACHE_SUFFIX)}
 
 
 def host_state(detector: Any) -> dict[str, Any]:
-    """A deep copy of the detector's portable attributes."""
-    return {k: copy.deepcopy(v) for k, v in vars(detector).items() if not _live(k) and _portable(v)}
+    """The detector's host state as plain data (see the module docstring).
+
+    Raises:
+        PlainStateError: an attribute holds something that is not plain data.
+    """
+    state: dict[str, Any] = {}
+    for name, value in _saved_attributes(detector).items():
+        where = f"detector {detector.kind!r}: {name}"
+        if isinstance(value, Probe) and value is not detector:
+            state[name] = {_PROBE: type(value).__qualname__,
+                           "fields": {k: encode(v, f"{where}.{k}") for k, v in _saved_attributes(value).items()}}
+        else:
+            state[name] = encode(value, where)
+    return state
 
 
-def restore_state(detector: Any, state: dict[str, Any]) -> None:
-    """Put back what :func:`host_state` saved, for the attributes this detector still has."""
-    own = vars(detector)
-    for key, value in state.items():
-        if key in own and not _live(key):
-            setattr(detector, key, copy.deepcopy(value))
+def restore_state(detector: Any, state: dict[str, Any], device: Optional[torch.device] = None) -> None:
+    """Put back what :func:`host_state` saved (also attributes a detector creates lazily).
+
+    Args:
+        detector: a fresh detector of the same kind, set up by ``attach()``.
+        state: what :func:`host_state` returned.
+        device: where saved tensors go (the run's device).
+    """
+    live = live_attributes(detector)
+    for name, data in state.items():
+        if name in live or name.endswith(_CACHE_SUFFIX) or callable(getattr(type(detector), name, None)):
+            continue  # rebuilt by attach(), or a method: never data to restore
+        where = f"detector {detector.kind!r}: {name}"
+        target = vars(detector).get(name)
+        if isinstance(data, dict) and _PROBE in data:
+            if not isinstance(target, Probe) or type(target).__qualname__ != data[_PROBE]:
+                raise PlainStateError(f"Sentinel.load_state_dict(): {where} was a {data[_PROBE]} when saved, "
+                                      f"but this run has a {type(target).__qualname__}: save the state again")
+            fields = _saved_attributes(target)
+            for key, value in data["fields"].items():
+                if key in fields:
+                    setattr(target, key, decode(value, f"{where}.{key}", device))
+        else:
+            setattr(detector, name, decode(data, where, device))

@@ -49,6 +49,8 @@ class UnnormalizedInputDetector(Detector):
         "tiny": Threshold(1e-2, "every |x| below 0.01: pixels divided by 255 twice"),
         "min_steps": Threshold(3, "sampled steps (0-4, then every 10th), median"),
     }
+    #: A device copy in flight.
+    live_attributes = frozenset({"_fetch"})
 
     def __init__(self) -> None:
         self.stats = InputStats()

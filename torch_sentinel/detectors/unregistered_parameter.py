@@ -41,6 +41,8 @@ class UnregisteredParameterDetector(Detector):
     explains = ("plateau", "no_update")
     reads = (LossGraph, GradNorms, HeldParameters)
     thresholds = {"walk_every": Threshold(500, "steps between walks of the loss's graph (a few ms each, host only)")}
+    #: Derived from the run at setup.
+    live_attributes = frozenset({"_candidates", "_watching", "_orphans"})
 
     def setup(self) -> None:
         self._stray: dict[str, tuple[str, list[int], int, int]] = {}

@@ -73,7 +73,7 @@ class SentinelTrainerCallback(TrainerCallback):
         """Add the callback to ``trainer``: the one line. It then logs through the Trainer,
         finds its TensorBoard directory, and detaches when ``trainer.train()`` raises."""
         callback = cls(log_dir, **options)
-        callback._trainer = weakref.ref(trainer)
+        callback.log_through(trainer)
         trainer.add_callback(callback)
         train = trainer.train
 
@@ -88,6 +88,14 @@ class SentinelTrainerCallback(TrainerCallback):
         # An instance attribute: this trainer only, and the Trainer class stays untouched.
         trainer.train = train_and_detach_on_error
         return callback
+
+    def log_through(self, trainer: Any) -> None:
+        """Send the scalars through ``trainer.log`` (``install()`` calls it; held weakly).
+
+        Args:
+            trainer: the ``transformers.Trainer`` this callback is added to.
+        """
+        self._trainer = weakref.ref(trainer)
 
     def _get_trainer(self) -> Any:
         return self._trainer() if self._trainer is not None else None

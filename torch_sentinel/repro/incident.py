@@ -21,17 +21,15 @@ import os
 import random
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from .._collect.probe import Probe, ProbeHost
-from .._record import StepMeta
 from .._errors import NonFiniteError
-
-if TYPE_CHECKING:
-    from .._api import Sentinel
+from .._record import StepMeta
+from .view import SentinelView
 
 __all__ = ["BUNDLE_FORMAT", "IncidentRecorder", "capture_rng", "restore_rng"]
 
@@ -120,7 +118,7 @@ class _Capture:
 class IncidentRecorder(Probe):
     """Keeps the current step's batch and RNG states, and writes the bundle on a NonFiniteError."""
 
-    def __init__(self, sentinel: Sentinel, log_dir: str) -> None:
+    def __init__(self, sentinel: SentinelView, log_dir: str) -> None:
         self._sentinel = sentinel
         self.log_dir = log_dir
         self._current: Optional[_Capture] = None
@@ -158,7 +156,7 @@ class IncidentRecorder(Probe):
                 return cap
         return self._current or self._previous
 
-    def _on_error(self, err: NonFiniteError, sentinel: Sentinel) -> None:
+    def _on_error(self, err: NonFiniteError, sentinel: SentinelView) -> None:
         try:
             self.written.append(self.write(err))
         finally:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._record import StepRecord
 from .._collect.tensors import materialized
+from .._record import StepRecord
 from .seed import determinism_flags, last_seed
 
 __all__ = ["MANIFEST_NAME", "build_manifest", "finalize", "git_state", "load_manifest", "write_manifest"]

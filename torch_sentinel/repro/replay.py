@@ -19,9 +19,9 @@ from typing import Any, Callable, Optional, TextIO
 import torch
 from torch import nn
 
-from .._collect.collector import iter_tensors
 from .._collect.hookset import HookSet
 from .._collect.model_map import ModelMap
+from .._collect.tensors import iter_tensors
 from .._errors import NonFiniteError, SentinelError, format_message
 from .incident import BUNDLE_FORMAT, restore_rng
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from ..sinks.base import SinkContext
 from .incident import IncidentRecorder
 from .manifest import build_manifest, finalize, write_manifest
-
-if TYPE_CHECKING:
-    from .._api import Sentinel
+from .view import SentinelView
 
 __all__ = ["RunRecord"]
 
@@ -19,7 +17,7 @@ class RunRecord:
     writer rank, and, with a ``log_dir``, installs the incident recorder. :meth:`close`
     completes the manifest with the run's final figures."""
 
-    def __init__(self, sentinel: Sentinel, sink_context: SinkContext) -> None:
+    def __init__(self, sentinel: SentinelView, sink_context: SinkContext) -> None:
         self._sentinel = sentinel
         opts = sentinel.options
         self._sink_context = sink_context

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from .contracts import ContractHandle, expect, explain_broadcast, rank_hint
+from .contracts import explain_broadcast, rank_hint
 from .dry_run import ShapeTable, check_shapes
+from .expect import ContractHandle, expect
 
 __all__ = ["ContractHandle", "ShapeTable", "check_shapes", "expect", "explain_broadcast", "rank_hint"]

@@ -14,19 +14,12 @@ seen and must agree everywhere after it in the same call; an integer (``3``) is 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional, TypeVar, Union
 
-import torch
-from torch import nn
-
-from .._collect.hookset import HookSet
 from .._errors import ShapeContractError, format_message
 
-__all__ = ["Contract", "ContractHandle", "expect", "explain_broadcast", "rank_hint"]
+__all__ = ["Axes", "Contract", "Spec", "explain_broadcast", "rank_hint"]
 
 Spec = Union[str, Sequence[str], Mapping[str, str]]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,7 +76,7 @@ def rank_hint(got: Sequence[int], want: Sequence[int]) -> Optional[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Axes:
+class Axes:
     """One parsed spec: its axes, and where the ``...`` sits (None if absent)."""
 
     text: str
@@ -91,7 +84,7 @@ class _Axes:
     ellipsis: Optional[int]
 
     @classmethod
-    def parse(cls, text: str) -> _Axes:
+    def parse(cls, text: str) -> Axes:
         if not isinstance(text, str):
             raise TypeError(f"a shape spec must be a str such as 'B F', got {type(text).__name__}")
         axes = tuple(text.replace(",", " ").split())
@@ -148,15 +141,15 @@ class Contract:
 
     def __init__(self, where: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> None:
         self.where = where
-        self.inputs = {k: _Axes.parse(v) for k, v in inputs.items()}
-        self.outputs = {k: _Axes.parse(v) for k, v in outputs.items()}
+        self.inputs = {k: Axes.parse(v) for k, v in inputs.items()}
+        self.outputs = {k: Axes.parse(v) for k, v in outputs.items()}
 
     def describe(self) -> str:
         ins = ", ".join(f"{k}={v.text!r}" for k, v in self.inputs.items())
         outs = ", ".join(f"{k}={v.text!r}" for k, v in self.outputs.items())
         return f"inputs {ins or '-'}; outputs {outs or '-'}"
 
-    def check(self, label: str, value: Any, spec: _Axes, bound: dict[str, tuple[int, str]]) -> None:
+    def check(self, label: str, value: Any, spec: Axes, bound: dict[str, tuple[int, str]]) -> None:
         """Bind ``spec``'s names on ``value``'s shape, or raise :class:`ShapeContractError`."""
         shape = getattr(value, "shape", None)
         if shape is None:
@@ -190,7 +183,7 @@ class Contract:
         bound.update(fresh)
 
     # -- messages ---------------------------------------------------------------------------
-    def _rank_error(self, label: str, shape: tuple[int, ...], spec: _Axes,
+    def _rank_error(self, label: str, shape: tuple[int, ...], spec: Axes,
                     bound: Mapping[str, tuple[int, str]]) -> None:
         want = len(spec.axes) - (1 if spec.ellipsis is not None else 0)
         rank_txt = f"at least {want}" if spec.ellipsis is not None else str(want)
@@ -210,7 +203,7 @@ class Contract:
             next_check=next_check,
         ))
 
-    def _axis_error(self, label: str, shape: tuple[int, ...], spec: _Axes,
+    def _axis_error(self, label: str, shape: tuple[int, ...], spec: Axes,
                     bound: Mapping[str, tuple[int, str]], mismatches: list[_Mismatch]) -> None:
         names = ", ".join(
             f"{m.axis} ({m.arrived} vs {m.expected}" + (f" bound by {m.bound_by})" if m.bound_by else ")")
@@ -236,170 +229,3 @@ class Contract:
             next_check=("name what each axis means and fix the producer of this tensor; do not "
                         "reshape until the axes agree with the contract"),
         ))
-
-
-def _as_mapping(spec: Optional[Spec], what: str) -> dict[str, str]:
-    if spec is None:
-        return {}
-    if isinstance(spec, str):
-        return {f"{what}[0]": spec}
-    if isinstance(spec, Mapping):
-        return {str(k): v for k, v in spec.items()}
-    return {f"{what}[{i}]": s for i, s in enumerate(spec)}
-
-
-def _outputs(output: Any) -> dict[str, Any]:
-    if isinstance(output, torch.Tensor):
-        return {"output[0]": output}
-    if isinstance(output, Mapping):
-        return {str(k): v for k, v in output.items()}
-    if isinstance(output, (list, tuple)):
-        return {f"output[{i}]": v for i, v in enumerate(output)}
-    return {"output[0]": output}
-
-
-def _pick(values: Mapping[str, Any], key: str, contract: Contract) -> Any:
-    if key not in values:
-        raise ShapeContractError(format_message(
-            f"shape contract of {contract.where}: {key} is missing from the call",
-            expected=f"{key} (named in the contract)",
-            arrived="the call's values: " + (", ".join(values) or "none"),
-            where=f"{contract.where} ({contract.describe()})",
-            next_check="name inputs args[i] (positional), by keyword, or output[i]",
-        ))
-    return values[key]
-
-
-class ContractHandle:
-    """Returned by ``expect(module, ...)``; :meth:`remove` takes the contract off again."""
-
-    def __init__(self, contract: Contract, hooks: HookSet) -> None:
-        self.contract = contract
-        self._hooks = hooks
-
-    def remove(self) -> None:
-        self._hooks.close()
-
-    def __enter__(self) -> ContractHandle:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
-
-
-class _ModuleContract:
-    """The forward hooks that hold a module to its contract. Bindings made on the inputs are
-    kept for the same call's outputs (a stack, so recursive calls stay separate)."""
-
-    def __init__(self, contract: Contract) -> None:
-        self.contract = contract
-        self._stack: list[dict[str, tuple[int, str]]] = []
-
-    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        values = {f"input[{i}]": a for i, a in enumerate(args)}
-        values.update(kwargs)
-        bound: dict[str, tuple[int, str]] = {}
-        self._stack.append(bound)
-        c = self.contract
-        for key, spec in c.inputs.items():
-            c.check(key, _pick(values, key, c), spec, bound)
-
-    def after(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-        if not self._stack:
-            return
-        bound = self._stack.pop()
-        if output is None and sys.exc_info()[1] is not None:
-            return  # the forward raised; its own error is the one to see
-        values = _outputs(output)
-        c = self.contract
-        for key, spec in c.outputs.items():
-            c.check(key, _pick(values, key, c), spec, bound)
-
-
-def _module_contract(module: nn.Module, where: str, input: Optional[Spec], output: Optional[Spec]) -> ContractHandle:
-    contract = Contract(where, _as_mapping(input, "input"), _as_mapping(output, "output"))
-    mc = _ModuleContract(contract)
-    hooks = HookSet()
-    hooks.add(module.register_forward_pre_hook(mc.before, with_kwargs=True))
-    # always_call: a forward that raises must still pop its bindings off the stack.
-    hooks.add(module.register_forward_hook(mc.after, with_kwargs=True, always_call=True))
-    return ContractHandle(contract, hooks)
-
-
-def _function_contract(fn: F, specs: Mapping[str, str], input: Optional[Spec], output: Optional[str]) -> F:
-    sig = inspect.signature(fn)
-    out_keys = {"returns", "output"}
-    inputs = {k: v for k, v in specs.items() if k not in out_keys}
-    names = list(sig.parameters)
-    if isinstance(input, str):
-        inputs[names[0] if names else "input[0]"] = input
-    elif isinstance(input, Mapping):
-        inputs.update(input)
-    elif input is not None:
-        inputs.update({names[i] if i < len(names) else f"input[{i}]": s for i, s in enumerate(input)})
-    if output is not None:
-        if not isinstance(output, str):
-            raise TypeError("expect(function, output=...) takes one spec for the returned tensor")
-        specs = {**specs, "returns": output}
-    unknown = sorted(set(inputs) - set(sig.parameters))
-    if unknown:
-        raise TypeError(
-            f"expect(): {', '.join(unknown)} are not parameters of {fn.__qualname__}{sig}"
-        )
-    returns = [v for k, v in specs.items() if k in out_keys]
-    outputs = {"output[0]": returns[-1]} if returns else {}
-    contract = Contract(fn.__qualname__, inputs, outputs)
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        bound_args = sig.bind(*args, **kwargs)
-        bound: dict[str, tuple[int, str]] = {}
-        for key, spec in contract.inputs.items():
-            if key in bound_args.arguments:
-                contract.check(key, bound_args.arguments[key], spec, bound)
-        result = fn(*args, **kwargs)
-        for key, spec in contract.outputs.items():
-            contract.check("the result", result if key == "output[0]" else None, spec, bound)
-        return result
-
-    wrapper.__torch_sentinel_contract__ = contract  # type: ignore[attr-defined]
-    return wrapper  # type: ignore[return-value]
-
-
-def expect(
-    target: Any = None,
-    /,
-    *,
-    input: Optional[Spec] = None,
-    output: Optional[Spec] = None,
-    name: Optional[str] = None,
-    **params: str,
-) -> Any:
-    """Hold a module or a function to a named-axis shape contract.
-
-    ``expect(module, input="B F", output="B H")`` installs the contract on ``module`` and
-    returns a :class:`ContractHandle` (``.remove()`` takes it off). ``input``/``output`` take
-    one spec (the first positional input / the output), a list (one per position) or a dict
-    (keyword inputs by name, ``input[i]``/``output[i]`` by position).
-
-    ``@expect(x="B F", w="F H", returns="B H")`` wraps a function: specs are given per
-    parameter name, ``returns`` for the result.
-
-    A mismatch raises :class:`~torch_sentinel.ShapeContractError` naming the axes that
-    disagree and the right-to-left comparison behind it.
-    """
-    if isinstance(target, nn.Module):
-        if params:
-            raise TypeError("expect(module, ...) takes input= and output=, not per-parameter specs")
-        return _module_contract(target, name or type(target).__name__, input, output)
-    if target is not None and callable(target):
-        return _function_contract(target, params, input, output)  # type: ignore[arg-type]
-    if target is not None:
-        raise TypeError(
-            f"expect() takes an nn.Module or a function, got {type(target).__name__}"
-        )
-
-    def decorate(obj: Any) -> Any:
-        return expect(obj, input=input, output=output, name=name, **params)
-
-    return decorate

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._collect.collector import iter_tensors
 from .._collect.hookset import HookSet
 from .._collect.model_map import ModelMap
+from .._collect.tensors import iter_tensors
 from .notes import ShapeNotes
 
 __all__ = ["ShapeRow", "ShapeTable", "check_shapes"]

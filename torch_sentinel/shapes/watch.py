@@ -48,14 +48,15 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .._collect.compat import CALL_IMPL_CODE
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.hookset import HookSet, ModuleHook
 from .._collect.probe import Probe, ProbeHost
-from .._record import StepMeta
 from .._collect.rerun import RngState, capture_rng, rerun_forward
 from .._collect.tensors import iter_tensors
 from .._errors import SentinelError, ShapeContractError
 from .._findings import Finding
+from .._record import StepMeta
 from .notes import Annotation, ShapeNotes, mark_seen, seen, worth_a_note
 
 __all__ = ["ShapeWatch", "install_shape_notes", "module_calls"]
@@ -65,7 +66,6 @@ logger = logging.getLogger("torch_sentinel")
 #: A root with at most this many top-level children keeps their entry hooks on every step.
 FEW_CHILDREN = 16
 
-_CALL_IMPL = nn.Module._call_impl.__code__
 _OOM: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
     if isinstance(t, type)
@@ -81,7 +81,7 @@ def module_calls(tb: Optional[types.TracebackType], slots: dict[int, int]) -> li
     calls = []
     while tb is not None:
         frame = tb.tb_frame
-        if frame.f_code is _CALL_IMPL:
+        if frame.f_code is CALL_IMPL_CODE:
             local = frame.f_locals
             module = local.get("self")
             slot = slots.get(id(module))

@@ -9,8 +9,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Optional, Protocol
 
-from .._record import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 
 __all__ = ["Sink", "SinkContext"]
 

@@ -8,6 +8,7 @@ import os
 from .base import Sink, SinkContext
 from .console import ConsoleSink
 from .jsonl import JsonlSink
+from .precision import PrecisionFileSink
 from .tensorboard import TensorBoardSink
 
 __all__ = ["build_sinks"]
@@ -27,9 +28,11 @@ def _prepare_log_dir(ctx: SinkContext) -> bool:
 
 
 def build_sinks(ctx: SinkContext) -> list[Sink]:
-    """The sinks for a run: console logging always; TensorBoard and JSONL with a log_dir."""
+    """The sinks for a run: console logging always; TensorBoard, JSONL and the precision rows
+    with a log_dir."""
     sinks: list[Sink] = [ConsoleSink(ctx)]
     if ctx.log_dir is not None and ctx.is_writer and _prepare_log_dir(ctx):
         sinks.append(JsonlSink(ctx))
         sinks.append(TensorBoardSink(ctx))
+        sinks.append(PrecisionFileSink(ctx))
     return sinks

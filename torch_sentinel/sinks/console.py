@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable
 
-from .._record import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 from ..diagnosis.ladder import next_check_for
 from .base import SinkContext
 

@@ -12,8 +12,8 @@ import collections
 from collections.abc import Sequence
 from typing import Optional
 
-from .._record import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 from .tensorboard import StepScalars
 
 __all__ = ["METRICS", "FrameworkSink"]

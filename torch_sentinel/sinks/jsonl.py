@@ -7,8 +7,8 @@ import os
 from collections.abc import Sequence
 from typing import IO, Any, Optional
 
-from .._record import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 from .base import SinkContext
 
 __all__ = ["FINDINGS_FILE", "JsonlSink"]

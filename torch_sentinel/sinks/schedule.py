@@ -31,8 +31,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
-from .._record import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 
 __all__ = ["EVENT_OVERHEAD_BYTES", "MODULE_BYTES_PER_STEP", "ModuleSchedule", "auto_interval"]
 

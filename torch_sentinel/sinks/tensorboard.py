@@ -15,15 +15,17 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from .._collect.probes.amp import LossScale
+from .._collect.amp import LossScale
 from .._collect.probes.forward import Activations
 from .._collect.probes.norms import GradNorms, WeightNorms
 from .._collect.probes.updates import UpdateNorms
 from .._collect.rungs import nonfinite_counts
-from .._record import StepRecord
 from .._findings import Finding
+from .._record import StepRecord
 from ..diagnosis.ladder import hypothesis_for, kind_info, next_check_for
+from ..precision.probe import PrecisionRows
 from .base import SinkContext
+from .precision import precision_scalars
 from .schedule import ModuleSchedule, module_tag_bytes
 
 __all__ = ["LAYOUT", "ROOT_TAG", "StepScalars", "TensorBoardSink"]
@@ -51,6 +53,12 @@ LAYOUT: dict[str, dict[str, list[Any]]] = {
         "activation |max| per module": ["Multiline", [r"activation_absmax/.*"]],
         "dead-unit fraction per ReLU": ["Multiline", [r"dead_fraction/.*"]],
         "non-finite slots per boundary": ["Multiline", [r"nonfinite/.*"]],
+    },
+    "precision": {
+        "headroom (bits) per module": ["Multiline", [r"precision/.*/headroom_bits$"]],
+        "flushed to zero per module": ["Multiline", [r"precision/.*/flushed$"]],
+        "subnormal per module": ["Multiline", [r"precision/.*/subnormal$"]],
+        "saturated per module": ["Multiline", [r"precision/.*/saturated$"]],
     },
 }
 
@@ -298,6 +306,21 @@ class TensorBoardSink:
         if rows or findings or self._manifest_pending():
             last_step = self._last.record.step if self._last else 0
             self._guarded(self._write_window, rows, list(findings), last_step, self._manifest())
+        self._guarded(self._write_precision, records)
+
+    def _write_precision(self, records: Sequence[StepRecord]) -> None:
+        """``precision/<format>/<module>/<figure>`` (``.../grad/<figure>`` for gradients) at each
+        row's sampled step, for sampled steps that are per-module steps (``module_log_every``):
+        they are per-module tags too."""
+        interval = self._modules.interval or self.ctx.log_every
+        by_step: dict[int, list[tuple[str, float]]] = {}
+        for record in records:
+            fact = record.fact(PrecisionRows)
+            for row in fact.rows if fact is not None else ():
+                if row.step % interval == 0:
+                    by_step.setdefault(row.step, []).extend(precision_scalars(row, module_tag(row.module)))
+        for step, pairs in by_step.items():
+            self._add_scalars(pairs, step)
 
     @property
     def module_log_every(self) -> Optional[int]:

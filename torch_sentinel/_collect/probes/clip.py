@@ -29,9 +29,9 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from ..._record import StepRecord
 from ..patches import patch_for
 from ..probe import Probe, ProbeHost
-from ..._record import StepRecord
 
 __all__ = ["ClipProbe", "preclip"]
 

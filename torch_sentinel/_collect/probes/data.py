@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from ..._record import Fact, StepRecord
-from ..faults import DATA_SHAPE_KEYS, Fault
+from ..._record.fault import DATA_SHAPE_KEYS, Fault
 from ..probe import Probe, ProbeHost
 from ..tensors import tensor_evidence
 
@@ -46,8 +46,7 @@ class DataProbe(Probe):
             # Additive masks legitimately hold -inf, so only the main input must be free of it.
             low = host.host_value(lo)
             if not host.finite(hi) or math.isnan(low) or (main and math.isinf(low)):
-                host.on_fault(Fault(host.step, "data", None, tensor_evidence(t),
-                                    {"input": name or ("args[0]" if main else "extra input")}))
+                host.on_fault(Fault.data(host.step, tensor_evidence(t), name or ("args[0]" if main else "extra input")))
 
 
 def _input_range(record: StepRecord) -> Optional[InputRange]:

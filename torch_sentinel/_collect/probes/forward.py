@@ -19,13 +19,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 import numpy as np
-
 import torch
 from torch import nn
 
 from ..._record import Fact, StepRecord
+from ..._record.fault import Fault
 from ..cadence import sampled
-from ..faults import Fault, weight_fault
 from ..probe import Probe, ProbeHost
 from ..tensors import VALUE_PRESERVING, all_finite, iter_tensors, reducible, tensor_evidence
 
@@ -56,8 +55,6 @@ class ForwardProbe(Probe):
         self.host = host
         self.lo, self.hi = host.ledger.add_minmax_block("act", list(host.module_names))
         self.checked = [not isinstance(m, VALUE_PRESERVING) for _, m in host.map.modules]
-        #: Set when a rerun of the forward localised a fault (``Collector.rerun_forward``).
-        self.localised = False
         host.provide(Activations, _activations)
 
     def output_modules(self, host: ProbeHost) -> Iterable[nn.Module]:
@@ -88,7 +85,6 @@ class ForwardProbe(Probe):
     def _fault(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor) -> None:
         host = self.host
         if host.rerunning:
-            self.localised = True
             located_by = (f"first non-finite module output in forward order when step {host.step}'s forward "
                           f"was run again with every module watched (same inputs, RNG state and weights)")
         elif host.fully_watched:
@@ -110,25 +106,16 @@ class ForwardProbe(Probe):
             if not all_finite(p):
                 # Finite inputs, non-finite weights: the previous optimizer step made them.
                 qual = f"{name}.{pname}" if name else pname
-                fault = weight_fault(host.step, name, qual, None, tensor_evidence(p))
-                fault.detail["located_by"] = located_by
-                host.on_fault(fault)
+                host.on_fault(Fault.weights(host.step, name, qual, evidence=tensor_evidence(p),
+                                            located_by=located_by))
                 return
-        inputs_finite = True
-        for a in iter_tensors(args):
-            if reducible(a) and not all_finite(a):
-                inputs_finite = False
-                break
-        detail: dict[str, Any] = {"module_type": type(module).__name__, "inputs_finite": inputs_finite,
-                                  "located_by": located_by}
-        if not inputs_finite:
-            # The input went bad in functional code between submodules: blame the caller, and
-            # name the caller's type (not the child's) next to the caller's name.
-            detail["first_nonfinite_output_of"] = name
-            detail["first_nonfinite_output_type"] = detail["module_type"]
-            name = name.rpartition(".")[0] if name else name
-            detail["module_type"] = host.map.type_of(name)
-        host.on_fault(Fault(host.step, "forward", name, tensor_evidence(t), detail))
+        inputs_finite = all(all_finite(a) for a in iter_tensors(args) if reducible(a))
+        # Non-finite inputs went bad in functional code between submodules: blame the caller,
+        # and name the caller's type (not the child's) next to the caller's name.
+        caller = name.rpartition(".")[0] if name else name
+        host.on_fault(Fault.forward(host.step, name, tensor_evidence(t), type(module).__name__,
+                                    caller=None if inputs_finite else (caller, host.map.type_of(caller)),
+                                    inputs_finite=inputs_finite, located_by=located_by))
 
 
 def _activations(record: StepRecord) -> Optional[Activations]:

@@ -21,6 +21,7 @@ from ..._record import Fact, StepRecord
 from .. import batch
 from ..cadence import sampled
 from ..ledger import FLOAT_MAX
+from ..norm_groups import GroupPlan, dense_grads
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
 from ..tensors import NATIVE_DTYPES, all_finite, foreach_norms, materialized, reduces
@@ -110,7 +111,7 @@ class NormsProbe(Probe):
         #: the per-op strategy is in use (accelerators, and FUSED_ON_CPU, count kernel launches:
         #: there one _foreach_norm is one launch).
         self._grouping = self._same_device and host.device.type == "cpu" and not batch.FUSED_ON_CPU
-        self._group_plans_cache: dict[int, _GroupPlan] = {}
+        self._group_plans_cache: dict[int, GroupPlan] = {}
         host.provide(GradNorms, _grad_norms)
         host.provide(WeightNorms, _weight_norms)
         host.provide(StaleGradients, _stale_gradients)
@@ -122,7 +123,7 @@ class NormsProbe(Probe):
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         host = self.host
-        grads = _dense_grads(host.param_tensors)
+        grads = dense_grads(host.param_tensors)
         if self._weights_due():
             weights: list[Optional[torch.Tensor]] = [
                 p.detach() if materialized(p) else None for p in host.param_tensors
@@ -147,7 +148,7 @@ class NormsProbe(Probe):
         params = host.param_tensors
         if not all(map(_REQUIRES_GRAD, params)):  # the usual case in one C-level pass
             params = [p for p in params if p.requires_grad]
-        stale = [local(g) for g in _dense_grads(params) if g is not None]
+        stale = [local(g) for g in dense_grads(params) if g is not None]
         host.meta.stale_grads = len(stale)
         stale = [g for g in stale if reduces(g.dtype, g.device)]
         if stale and host.step > 0:
@@ -157,7 +158,7 @@ class NormsProbe(Probe):
                 host.ledger.views[host.ledger.block("misc").start].copy_(total)
             self._stale_step = host.step
 
-    def cleared(self) -> None:
+    def on_cleared(self) -> None:
         """The gradients were cleared after this step's first backward (which is dropped):
         what it measured as stale is not."""
         host = self.host
@@ -250,11 +251,11 @@ class NormsProbe(Probe):
         plans = self._group_plans_cache
         plan = plans.get(len(tensors))
         if plan is None:
-            plan = plans[len(tensors)] = _GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
+            plan = plans[len(tensors)] = GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
         try:
             plan.run(tensors, dest)
         except RuntimeError:
-            plan = plans[len(tensors)] = _GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
+            plan = plans[len(tensors)] = GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
             plan.run(tensors, dest)
 
     def _skip(self, tensors: list[Optional[torch.Tensor]], indices: list[int]) -> None:
@@ -344,61 +345,10 @@ class NormsProbe(Probe):
         return True
 
 
-#: Tensors up to this many elements are normed in stacked groups of one shape on CPU (far
-#: below the 32,768-element grain at which a CPU reduction is split across threads).
-_GROUP_MAX_NUMEL = 1024
-#: A group smaller than this is left to _foreach_norm (a stack costs a few norms' dispatch).
-_GROUP_MIN = 4
-
-
-class _GroupPlan:
-    """Which tensors of a fixed list of shapes go to _foreach_norm and which are stacked, by shape."""
-
-    def __init__(self, sizes: tuple[torch.Size, ...], device: torch.device) -> None:
-        self.sizes = sizes
-        by_shape: dict[torch.Size, list[int]] = {}
-        for i, shape in enumerate(sizes):
-            if 0 < shape.numel() <= _GROUP_MAX_NUMEL:
-                by_shape.setdefault(shape, []).append(i)
-        grouped = {i for members in by_shape.values() if len(members) >= _GROUP_MIN for i in members}
-        self.big = [i for i in range(len(sizes)) if i not in grouped]
-        self.big_index = torch.tensor(self.big, dtype=torch.long, device=device)
-        self.groups = [(members, torch.tensor(members, dtype=torch.long, device=device))
-                       for members in by_shape.values() if len(members) >= _GROUP_MIN]
-
-    def run(self, tensors: list[torch.Tensor], dest: torch.Tensor) -> None:
-        if self.big:
-            norms = torch.stack(torch._foreach_norm([tensors[i] for i in self.big]))
-            dest.index_copy_(0, self.big_index, norms.to(dest.dtype))
-        for members, index in self.groups:
-            rows = torch.stack([tensors[i] for i in members]).view(len(members), -1)
-            dest.index_copy_(0, index, torch.linalg.vector_norm(rows, dim=1).to(dest.dtype))
-
-
-_GRAD = operator.attrgetter("grad")
 _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
-_IS_SPARSE = operator.attrgetter("is_sparse")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _FLOAT32 = {torch.float32}
-
-
-def _dense_grads(params: list[torch.Tensor]) -> list[Optional[torch.Tensor]]:
-    """The ``.grad`` of each parameter, sparse ones as their values (see :func:`_dense`)."""
-    grads: list[Optional[torch.Tensor]] = list(map(_GRAD, params))
-    present = [g for g in grads if g is not None]
-    if any(map(_IS_SPARSE, present)):
-        return [_dense(g) for g in grads]
-    return grads
-
-
-def _dense(grad: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The values of a sparse gradient (``nn.Embedding(sparse=True)``), whose L2 norm is the
-    gradient's: ``_foreach_norm`` takes dense tensors only. Coalescing sums the entries of
-    repeated indices first; it runs only for sparse gradients."""
-    if grad is not None and grad.is_sparse:
-        return grad.coalesce()._values()
-    return grad
 
 
 def _grad_norms(record: StepRecord) -> Optional[GradNorms]:

@@ -1,7 +1,7 @@
 """AMP: the unscaled loss behind ``GradScaler.scale(loss)``, the scale, and skipped steps.
 
 ``GradScaler.scale`` and ``GradScaler.step`` are patched (no public hook exists): the scaled
-loss is mapped back to the user's loss before the loss probe sees it, the scale goes into
+loss is mapped back to the user's loss before the loss tally sees it, the scale goes into
 ``misc.amp_scale``, and a ``scaler.step(optimizer)`` that never reached the optimizer (the
 scaler found inf/NaN and skipped) is reported to the collector, which closes the row.
 """
@@ -14,10 +14,10 @@ from typing import Any, Optional
 
 import torch
 
-from ..._record import Fact, StepRecord
-from ..probe import Probe, ProbeHost
+from .._record import Fact, StepRecord
+from .probe import ProbeHost
 
-__all__ = ["AmpProbe", "LossScale"]
+__all__ = ["AmpTracker", "LossScale"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,16 +28,14 @@ class LossScale(Fact):
     scale: float
 
 
-class AmpProbe(Probe):
-    name = "amp"
-    publishes = (LossScale,)
+class AmpTracker:
+    """The GradScaler's part in a step, kept by the collector (the patches of ``scale`` and
+    ``step`` call it): the loss behind a scaled one, the scale, and steps the scaler skipped."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: ProbeHost) -> None:
         self._pending: Optional[tuple[weakref.ref[torch.Tensor], torch.Tensor, Any]] = None
         self._depth = 0
         self._stepped = False
-
-    def setup(self, host: ProbeHost) -> None:
         self.host = host
         self._scale_slot = host.ledger.block("misc").index("amp_scale")
         host.provide(LossScale, _loss_scale)
@@ -77,11 +75,12 @@ class AmpProbe(Probe):
             return True
         return False
 
-    def on_post_step(self, optimizer: torch.optim.Optimizer) -> None:
+    def optimizer_stepped(self) -> None:
+        """An optimizer's step ran (inside ``scaler.step``, unless the scaler skipped it)."""
         if self._depth:
             self._stepped = True
 
-    def on_row_close(self, meta: Any) -> None:
+    def row_closed(self) -> None:
         self._pending = None
 
     def close(self) -> None:

@@ -15,19 +15,20 @@ from typing import Any, Optional
 
 import torch
 
-from ..faults import Fault
-from ..probe import Probe, ProbeHost
-from ..._record import StepMeta, StepRecord
-from ..tensors import tensor_evidence
-from ..transfer import read_now
+from .._record import StepMeta, StepRecord
+from .._record.fault import Fault
+from .probe import ProbeHost
+from .tensors import tensor_evidence
+from .transfer import read_now
 
-__all__ = ["LossProbe"]
+__all__ = ["LossTally"]
 
 
-class LossProbe(Probe):
-    name = "loss"
+class LossTally:
+    """The step's training loss, kept by the collector (not a probe: the backward and optimizer
+    events call it, in their order)."""
 
-    def setup(self, host: ProbeHost) -> None:
+    def __init__(self, host: ProbeHost) -> None:
         self.host = host
         self.block = host.ledger.add_block("loss", ["auto", "explicit", "validation"])
         #: Losses of the backward calls not yet committed to a step (outside the row: they
@@ -38,14 +39,15 @@ class LossProbe(Probe):
         self._scratch = torch.zeros((), dtype=torch.float32, device=host.device)
         self._scratch_view = self._scratch.numpy() if host.device.type == "cpu" else None
 
-    def on_backward(self, loss: torch.Tensor) -> None:
+    def add(self, loss: torch.Tensor) -> None:
+        """A backward on ``loss`` reached the model: pending until the step commits it."""
         host = self.host
         host.ledger.fit(loss.dtype)  # a float64 loss beyond float32's range stays finite
         self._fit()
         self.pending.add_(loss.detach().reshape(()))
         self.pending_calls += 1
         if host.immediate and not host.meta.loss_explicit and not self._pending_finite():
-            host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {}))
+            host.on_fault(Fault.loss(host.step, tensor_evidence(loss)))
 
     def _fit(self) -> None:
         """The pending sum in the row's dtype (float64 once a float64 loss was seen)."""
@@ -65,7 +67,7 @@ class LossProbe(Probe):
         self._scratch.copy_(loss.detach().reshape(()))
         view = self._scratch_view
         if not math.isfinite(float(view) if view is not None else read_now(self._scratch)):
-            host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {}))
+            host.on_fault(Fault.loss(host.step, tensor_evidence(loss)))
 
     def _pending_finite(self) -> bool:
         view = self._pending_view
@@ -78,16 +80,12 @@ class LossProbe(Probe):
         return n
 
     def commit(self) -> None:
+        """The losses pending count toward this step (its optimizer steps, or its row closes
+        without one: the AMP scaler skipped it)."""
         if self.pending_calls:
             self.host.ledger.views[self.block.start].add_(self.pending)
             self.pending.zero_()
             self.pending_calls = 0
-
-    def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.commit()
-
-    def on_row_close(self, meta: StepMeta) -> None:
-        self.commit()  # a row closed without a step (the AMP scaler skipped it)
 
     def observe_loss(self, loss: torch.Tensor) -> None:
         host = self.host
@@ -96,7 +94,7 @@ class LossProbe(Probe):
         host.ledger.views[i].add_(loss.detach().reshape(()))
         host.meta.loss_explicit = True
         if host.immediate and not host.finite(i):
-            host.on_fault(Fault(host.step, "loss", None, tensor_evidence(loss), {"explicit": True}))
+            host.on_fault(Fault.loss(host.step, tensor_evidence(loss), "explicit"))
 
     def observe_validation(self, loss: Any) -> None:
         meta = self.host.meta
