@@ -36,7 +36,6 @@ Thresholds:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from typing import Optional
@@ -51,6 +50,7 @@ from .._collect.weight_prints import WeightChange, WeightPrints
 from .._findings import Finding
 from .._record import StepRecord
 from ._common import GraphCut, common_module
+from ._step import PreviousStep as _Step
 from .base import Detector, Threshold
 
 __all__ = ["NoUpdateDetector"]
@@ -387,28 +387,3 @@ class NoUpdateDetector(Detector):
             module="", step=0, severity="error",
             evidence={"backward_calls": now.backward_calls, "optimizer_steps": 0},
         )]
-
-
-@dataclasses.dataclass
-class _Step:
-    """What a comparison needs of the previous step (plain data: it is checkpointed)."""
-
-    step: int
-    row: int
-    #: A backward ran and the AMP scaler did not skip the step.
-    trained: bool
-    lrs: list[Optional[float]]
-    frozen: tuple[str, ...]
-    grad_missing: tuple[str, ...]
-    stepped: list[int]
-    #: Weight norms as the step found them (None where they were not read).
-    weights: Optional[dict[str, float]]
-    #: The gradient norms the step applied (after clipping: a gradient clipped to 0 moves nothing).
-    grads: dict[str, float]
-
-    @classmethod
-    def of(cls, rec: StepRecord) -> _Step:
-        meta, w, g = rec.meta, rec.fact(WeightNorms), rec.fact(GradNorms)
-        return cls(rec.step, meta.row, bool(meta.backward_calls) and not meta.amp_skipped, list(meta.lrs),
-                   meta.frozen, meta.grad_missing, list(meta.stepped), w.by_name() if w is not None else None,
-                   dict(zip(g.names, g.at_step.tolist())) if g is not None else {})
