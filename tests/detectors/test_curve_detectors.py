@@ -169,3 +169,52 @@ def test_diverging_catches_a_jump_at_step_one_that_never_comes_back(lr: float) -
 
 def test_diverging_quiet_at_a_sane_learning_rate() -> None:
     assert _lr_run(1e-3).by_kind("diverging") == []
+
+
+def _lr_record(step: int, loss: float, lr: float) -> StepRecord:
+    rec = record(step, loss)
+    rec.meta.lrs = [lr]
+    return rec
+
+
+@pytest.mark.parametrize("case", ["rl_surrogate", "outlier_count", "negative_nll"],
+                         ids=["rl_surrogate_changes_sign", "robust_loss_outlier_count", "negative_log_likelihood"])
+def test_losses_not_meant_to_fall_smoothly_are_not_diverging(case: str) -> None:
+    """Issue 25: a policy-gradient surrogate (noisy, changes sign), a robust loss whose batch value
+    depends on how many outliers the batch holds (binomial), and a density model's loss that goes
+    negative are compared like with like (equal windows, their own noise band): no fault."""
+    gen = np.random.default_rng(1)
+    if case == "rl_surrogate":
+        losses = list(gen.normal(0.0, 1.0, 300) + 0.3 * np.sin(np.arange(300) / 15))
+    elif case == "outlier_count":
+        losses = list(0.5 + 1.23 * gen.binomial(32, 0.08, 300) * np.exp(-np.arange(300) / 400))
+    else:
+        losses = list(1.1 - 3.0 * (1 - np.exp(-np.arange(300) / 60)) + gen.normal(0, 0.15, 300))
+    found = run(bound(DivergingDetector, ctx()), [record(s, x) for s, x in enumerate(losses)])
+    assert [f for f in found if f.is_fault] == []
+
+
+def test_a_climb_without_update_side_instability_is_info() -> None:
+    """The loss doubles (a value loss whose targets grow as the policy improves), but no update
+    figure says the optimizer is unstable: the finding is info, never the error."""
+    losses = [10.0 + 0.01 * s for s in range(20)] + [25.0 + 0.05 * s for s in range(20)]
+    (f,) = run(bound(DivergingDetector, ctx()), [record(s, x) for s, x in enumerate(losses)])
+    assert f.severity == "info" and "not an unstable optimizer" in f.message
+
+
+def test_plateau_waits_for_the_warm_up_and_for_a_slow_start() -> None:
+    """A fine-tune whose loss sits at ln 2 while the lr warms up over 30 steps, then falls; and a
+    slow starter flat for its first 28 steps (InfoNCE at its published lr)."""
+    warm = [_lr_record(s, 0.693 + NOISE[s] / 10 if s < 45 else 0.693 - 0.01 * (s - 45), min(1.0, (s + 1) / 30))
+            for s in range(100)]
+    assert run(bound(PlateauDetector, ctx()), warm) == []
+    slow = [record(s, 4.14 + NOISE[s] * 4 if s < 28 else 4.14 - 0.03 * (s - 28)) for s in range(100)]
+    assert run(bound(PlateauDetector, ctx()), slow) == []
+
+
+def test_a_long_converged_run_is_not_a_plateau_once_the_history_forgets_its_start() -> None:
+    """The loss history is bounded (256 steps); a run that learned in its first 100 steps and
+    then sat at its floor for 900 more is converging, not stuck."""
+    gen = np.random.default_rng(2)
+    losses = [max(0.2, 2.3 - s / 40) + gen.normal(0, 0.01) for s in range(1000)]
+    assert run(bound(PlateauDetector, ctx()), [record(s, x) for s, x in enumerate(losses)]) == []

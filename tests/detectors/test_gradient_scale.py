@@ -124,3 +124,28 @@ def test_deep_tanh_stack_with_a_steep_growth_per_layer_still_explodes() -> None:
     assert [f.module for f in found] == ["0"]
     ev = found[0].evidence
     assert ev["layers"] == 50 and ev["per_layer_growth"] > 1.15 and ev["ratio"] > 1.15 ** 49
+
+
+@pytest.mark.parametrize(("optimizer", "severity"), [("sgd", "warning"), ("adam", "info")], ids=["sgd", "adam"])
+def test_vanishing_needs_the_first_layers_to_lag_in_their_updates(optimizer: str, severity: str) -> None:
+    """Issue 25: the same deep sigmoid stack has the same vanishing gradients under SGD and under
+    Adam, but only SGD's first layers lag in their updates (Adam scales each update to its own
+    gradient, as the HF Trainer's AdamW does for a BERT fine-tune): a warning under SGD, info
+    under Adam, saying the first layers do not lag."""
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(10):
+        layers += [nn.Linear(16, 16), nn.Sigmoid()]
+    model = nn.Sequential(*layers, nn.Linear(16, 2))
+    opt = (torch.optim.SGD(model.parameters(), lr=0.01) if optimizer == "sgd"
+           else torch.optim.Adam(model.parameters(), lr=1e-4))
+    with torch_sentinel.attach(model, opt, update_every=2) as s:
+        for _ in range(12):
+            x = torch.randn(32, 16)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+        (f,) = s.report().by_kind("vanishing_gradient")
+    assert f.severity == severity and f.module == "0"
+    lag = f.evidence["update_lag"]
+    assert (lag < 1e-2) if severity == "warning" else (lag > 1e-2 and "do not lag" in f.message)

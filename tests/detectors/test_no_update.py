@@ -232,3 +232,79 @@ def test_batchnorm_weight_whose_gradient_sums_to_zero_is_not_still() -> None:
             opt.step()
             assert not torch.equal(weight.detach(), before)  # it moves at every step
         assert s.report().by_kind("no_update") == []
+
+
+def _classifier_run(clear: str, steps: int = 12) -> torch_sentinel.Report:
+    """A classifier whose gradients are cleared between backward and step, by a zero_grad() in
+    place or by a clip to 0 (``clear``), or not at all (``none``)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(steps):
+            x = torch.randn(32, 10)
+            opt.zero_grad(set_to_none=False)
+            nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            if clear == "zero_grad":
+                opt.zero_grad(set_to_none=False)
+            elif clear == "clip":
+                nn.utils.clip_grad_norm_(model.parameters(), 0.0)
+            opt.step()
+        return s.report()
+
+
+@pytest.mark.parametrize(("clear", "words"), [("zero_grad", "a zero_grad() cleared every gradient"),
+                                              ("clip", "multiplied every gradient by 0"), ("none", None)],
+                         ids=["zero_grad_in_place", "clip_to_zero", "healthy"])
+def test_gradients_cleared_between_backward_and_step_in_place(clear: str, words: Optional[str]) -> None:
+    """Zero tensors, not None: the call that cleared them is the evidence (issue 25)."""
+    found = _classifier_run(clear).by_kind("no_update")
+    if words is None:
+        assert found == []
+        return
+    (f,) = found
+    assert words in f.message and f.module == "" and f.onset_step == 0 and f.severity == "error"
+    assert f.evidence["cleared_by"] == clear
+
+
+def test_lr_at_zero_for_a_stretch_is_described_as_seen() -> None:
+    """A learning rate at exactly 0 from step 10 that rises again at step 20 (a cosine stepped past
+    T_max): the finding says from when to when it was 0, never that nothing can move any more."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with torch_sentinel.attach(model, opt) as s:
+        for step in range(30):
+            for g in opt.param_groups:
+                g["lr"] = 0.0 if 10 <= step < 20 else 0.05
+            x = torch.randn(16, 10)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+        (f,) = s.report().by_kind("no_update")
+    assert f.onset_step == 10 and "any more" not in f.message
+    assert "from 10 through 19" in f.message and f.evidence["lr_zero_through"] == 19
+
+
+def test_a_converged_full_batch_fit_is_info() -> None:
+    """L-BFGS on a full batch converges and then declines to move at its own tolerance: the weights
+    and the loss stand still to the last bit, far below the start."""
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 64).unsqueeze(1)
+    y = torch.sin(2 * x)
+    model = nn.Sequential(nn.Linear(1, 16), nn.Tanh(), nn.Linear(16, 1))
+    opt = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=20, history_size=20)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    with torch_sentinel.attach(model, opt) as s:
+        for _ in range(60):
+            opt.step(closure)
+        report = s.report()
+    assert report.ok, [str(f) for f in report.findings]
+    for f in report.by_kind("no_update"):
+        assert f.severity == "info" and f.evidence["converged"]

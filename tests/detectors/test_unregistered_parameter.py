@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -77,3 +78,35 @@ def test_head_replaced_after_attach_is_named() -> None:
     assert late and "2.weight" in late[0].message and "after attach" in late[0].message
     assert "<unknown>" not in str(report)
     assert not [f for f in report.by_kind("no_gradient") if "cut" in f.message]
+
+
+@pytest.mark.parametrize("added", [True, False], ids=["add_param_group", "unfrozen_but_never_added"])
+def test_parameters_joining_through_add_param_group_are_registered(added: bool) -> None:
+    """Gradual unfreezing (Lightning's BaseFinetuning): a frozen block's parameters get
+    requires_grad and join the optimizer mid-run with add_param_group. The optimizer's groups are
+    read as the run goes, so they are registered from that step; unfrozen but never added, they
+    are reported. The frozen block still holds the .grad of an earlier phase, which is no gradient."""
+    torch.manual_seed(0)
+    backbone, head = nn.Linear(8, 16), nn.Linear(16, 2)
+    model = nn.Sequential(backbone, nn.ReLU(), head)
+    model(torch.randn(4, 8)).sum().backward()  # an earlier phase left gradients on the backbone
+    for p in backbone.parameters():
+        p.requires_grad = False
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    with torch_sentinel.attach(model, opt) as s:
+        for step in range(20):
+            if step == 8:
+                for p in backbone.parameters():
+                    p.requires_grad = True
+                if added:
+                    opt.add_param_group({"params": list(backbone.parameters()), "lr": 0.01})
+            x = torch.randn(16, 8)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), (x[:, 0] > 0).long()).backward()
+            opt.step()
+        found = s.report().by_kind("unregistered_parameter")
+    if added:
+        assert found == []
+    else:
+        (f,) = found
+        assert f.module == "0" and f.step == 8 and f.severity == "error"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import pytest
 import torch
@@ -55,21 +56,32 @@ def _warmup_run(peak_lr: float, steps: int = 30) -> list[torch_sentinel.Finding]
         return s.report().findings
 
 
-@pytest.mark.parametrize(("peak_lr", "fires"), [(3e-3, False), (0.3, True)], ids=["lr_3e-3", "lr_x100"])
-def test_lr_too_high_during_warm_up_is_found_between_samples(peak_lr: float, fires: bool) -> None:
-    """Regression (issue 12, realworld nanogpt/lr_x100): an lr 100x too high blows the weights
+@pytest.mark.parametrize(("peak_lr", "severity"), [(3e-3, None), (0.3, "info")],
+                         ids=["lr_3e-3", "lr_x100"])
+def test_lr_too_high_during_warm_up_is_found_between_samples(peak_lr: float, severity: Optional[str]) -> None:
+    """Regression (issue 12, realworld nanogpt/lr_x100): an lr far too high blows the weights
     up during the warm-up, after which Adam's weights have grown to match it and the ratio
-    sampled every 10 steps (0, 10, 20) looks ordinary; the loss then sits at chance. The weight
-    norms read before every step bound the ratio from below and find it within the warm-up."""
+    sampled every 10 steps (0, 10, 20) looks ordinary. The weight norms read before every step
+    bound the ratio from below and find it within the warm-up.
+
+    Whether that is a warning is the loss history's to say (issue 25): at lr 0.3 the loss falls
+    from 2.8 to 5e-4 in 30 steps (torch 2.13), so "too high" is contradicted and the finding is
+    info. (Before issue 25 this test expected a
+    warning at 0.3, from a docstring saying "the loss then sits at chance"; the run says otherwise.)"""
     findings = _warmup_run(peak_lr)
     hits = [f for f in findings if f.kind == "update_ratio"]
-    if not fires:
+    if severity is None:
         assert findings == []
         return
     (f,) = hits
+    assert f.severity == severity and [g for g in findings if g.is_fault] == ([f] if severity == "warning" else [])
     assert f.onset_step == 0 and f.step is not None and f.step <= 20
     assert f.evidence["ratio_at_least"] > 0.1 and f.next_check == "lower_learning_rate"
-    assert "was at least" in f.message and "the learning rate is likely too high" in f.message
+    assert "was at least" in f.message
+    if severity == "warning":
+        assert "the learning rate is likely too high" in f.message and "rose" in f.message
+    else:
+        assert "does not say the learning rate is too high" in f.message and "improved fast" in f.message
 
 
 @pytest.mark.parametrize(("init", "optimizer", "lr"),

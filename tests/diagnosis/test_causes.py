@@ -115,3 +115,49 @@ def test_update_ratio_hint_never_contradicts_the_band(ratio: float, words: str) 
     """Regression (issue 12): "update/weight ratio 0 ... the learning rate looks sane"."""
     text = _ratio_hint({"step": 10, "ratio": ratio, "max_ratio": ratio, "max_ratio_param": "0.weight"}, (1e-7, 0.1))
     assert words in text and "sane" not in text
+
+
+def test_a_ratio_inside_the_band_is_never_called_above_it() -> None:
+    """Issue 25: "an update/weight ratio of 0.007 ... above the healthy band": the verdict was read
+    on the largest single-parameter ratio (an output bias) while the message printed the global one."""
+    text = _ratio_hint({"step": 40, "ratio": 0.007, "of": "the layer weights", "max_ratio": 1.21,
+                        "max_ratio_param": "2.bias"}, (1e-7, 0.1))
+    assert "0.007" in text and "inside the healthy band" in text and "above" not in text
+
+
+def _bias_heavy_log_of_zero() -> None:
+    """A healthy regression head whose output bias moves by a large fraction of itself (a bias
+    near 0 has no scale), then a log of 0 in a hand-written loss at step 25."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 16), nn.Tanh(), nn.Linear(16, 1))
+    nn.init.zeros_(model[2].bias)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(3)
+    with torch_sentinel.attach(model, opt, update_every=1):
+        for step in range(40):
+            x = torch.randn(32, 10, generator=g)
+            p = torch.sigmoid(model(x)).squeeze(1)
+            if step == 25:
+                p = torch.where(x[:, 0] > 0, torch.ones_like(p), p)  # sigmoid saturated at exactly 1
+            y = (x[:, 0] > 0).float()
+            opt.zero_grad()
+            (-(y * p.log() + (1 - y) * (1 - p).log()).mean()).backward()
+            opt.step()
+
+
+def test_a_single_bias_ratio_is_not_the_models_ratio() -> None:
+    with pytest.raises(torch_sentinel.NonFiniteError) as info:
+        _bias_heavy_log_of_zero()
+    err = info.value
+    assert err.boundary == "loss" and err.evidence["likely_cause"] == "local_loss", err.evidence["likely_causes"]
+    before = err.evidence["update_ratio_before"]
+    assert before["of"] == "the layer weights" and before["ratio"] < 0.1
+
+
+def test_a_non_finite_target_is_the_data_ahead_of_any_dynamics() -> None:
+    """Where the first non-finite value appeared comes first: a target that was already
+    non-finite (a log of 0 in preprocessing) is the data, whatever the trends say."""
+    from torch_sentinel.diagnosis.causes import rank_causes
+
+    causes = rank_causes("loss", {"loss_input_nonfinite": "target"}, [], 15, local="the loss")
+    assert causes[0].name == "data" and "preprocessing" in causes[0].text

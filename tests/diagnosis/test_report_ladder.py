@@ -9,7 +9,7 @@ from torch import nn
 
 import torch_sentinel
 from torch_sentinel import Finding, Report
-from torch_sentinel.diagnosis.ladder import HEALTHY_NEXT_CHECK
+from torch_sentinel.diagnosis.ladder import HEALTHY_NEXT_CHECK, explains
 
 SEED_CASES = {
     # the seeds' Lab: name -> (findings' (kind, boundary), expected boundary, expected next check)
@@ -66,3 +66,30 @@ def test_report_text_reads_like_an_experiment_log() -> None:
     assert lines[4] == "  next check: inspect_optimizer_update"
     assert text.rstrip().endswith("next check: inspect_optimizer_update")
     assert report.to_dict()["boundary"] == "updates"
+
+
+def _f(kind: str, boundary: str, step: int = 5, severity: str = "warning") -> Finding:
+    return Finding(kind=kind, boundary=boundary, message=kind, step=step, severity=severity)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("cause", "symptom"), [
+    (("no_update", "updates", 30), ("plateau", "curves", 29)),
+    (("update_ratio", "updates", 8), ("exploding_gradient", "gradients", 5)),
+    (("missing_zero_grad", "gradients", 9), ("exploding_gradient", "gradients", 3)),
+    (("no_gradient", "gradients", 9), ("vanishing_gradient", "gradients", 4)),
+], ids=["no_update_explains_plateau", "lr_too_high_explains_explosion", "accumulation_explains_explosion",
+        "cut_graph_explains_vanishing"])
+def test_the_cause_leads_its_symptoms(cause: tuple[str, str, int], symptom: tuple[str, str, int]) -> None:
+    """Issue 25: when one fault triggers several kinds, the report leads with the cause-side kind,
+    whatever rung or step the symptom was seen on."""
+    report = Report([_f(*symptom), _f(*cause)])
+    assert [f.kind for f in report.findings] == [cause[0], symptom[0]]
+    assert report.boundary == cause[1]
+    assert explains(cause[0], symptom[0]) and not explains(symptom[0], cause[0])
+
+
+def test_an_info_finding_never_leads_and_unrelated_kinds_keep_ladder_order() -> None:
+    report = Report([_f("plateau", "curves"), _f("no_update", "updates", severity="info"),
+                     _f("dead_relu", "forward", 20)])
+    assert [f.kind for f in report.findings][:2] == ["dead_relu", "no_update"]
+    assert report.boundary == "forward"

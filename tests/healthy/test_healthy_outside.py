@@ -32,24 +32,13 @@ PROGRAMS = program_names()
 MODES = ("immediate", "deferred")
 
 
-def _both(reason: str) -> dict[str, str]:
-    return {mode: f"first run 9804e55: {reason}" for mode in MODES}
-
-
 #: program -> {mode: reason}: the false alarms of the first run (commit 9804e55; FIRST_RUN.md
 #: has the table and, for each, why the detector fired). Remove a line when its mechanism is
 #: fixed (the strict xfail then fails as XPASS); never edit a program to get it off this list.
 FIRST_RUN_XFAIL: dict[str, dict[str, str]] = {
-    "awd_lstm_tied": _both("update_ratio (warning, rnn) at step 30"),
-    "gradual_unfreezing": _both("unregistered_parameter (error, 0) at step 0; missing_zero_grad (error) at step 3"),
-    "hf_trainer_bert": _both("plateau (warning) at step 30"),
-    "huber_outliers": _both("diverging (error) at step 183"),
-    "lbfgs_curve_fit": {"immediate": "first run 9804e55: no_update (error, root) at step 71",
-                        "deferred": "first run 9804e55: no_update (error, root) at step 59"},
-    "polynomial_regression": _both("diverging (error) at step 18"),
-    "ppo": _both("diverging (error) at step 54"),
-    "ranknet": _both("no_gradient (error, fc3) at step 4"),
-    "simclr": _both("plateau (warning) at step 29"),
+    # All nine first-run false alarms were removed by mechanisms (branch diagnosis, issue 25):
+    # awd_lstm_tied, gradual_unfreezing, hf_trainer_bert, huber_outliers, lbfgs_curve_fit,
+    # polynomial_regression, ppo, ranknet, simclr. See tests/diagnosis/FIRST_RUN.md.
 }
 
 _OUTCOMES: dict[tuple[str, str], Outcome] = {}

@@ -21,9 +21,11 @@ STEPS, CUT, JUMP = 90, 45, 60
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
-    # From step JUMP the inputs are 30x larger: the loss climbs far above the low it reached
-    # before the checkpoint, which only a detector that kept its window can compare against.
-    return [(torch.randn(16, 20, generator=g) * (30.0 if i >= JUMP else 1.0), torch.randint(0, 4, (16,), generator=g))
+    # From step JUMP the inputs are 100x larger (and the lr is 0, see _train): the loss climbs
+    # far above the low it reached before the checkpoint and stays there, which only a detector
+    # that kept its window can compare against. (Before issue 25: 30x at lr 0.05, a 5-step spike
+    # the model recovered from; diverging now needs a climb held over two 5-step windows.)
+    return [(torch.randn(16, 20, generator=g) * (100.0 if i >= JUMP else 1.0), torch.randint(0, 4, (16,), generator=g))
             for i in range(STEPS)]
 
 
@@ -31,6 +33,8 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
     data = _batches()
     for i in steps:
         x, y = data[i]
+        for group in opt.param_groups:
+            group["lr"] = 0.05 if i < JUMP else 0.0  # the schedule ends at lr 0: no recovery
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         opt.step()

@@ -22,21 +22,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FIRST_RUN_MISSES: dict[str, str] = {
     "box_target_log_of_zero_height": "non_finite at step 15 named likely cause 'learning_rate' "
                                      "(from 2.bias's update ratio 0.14), want 'data' (a -inf target)",
-    "clip_grad_norm_max_norm_zero": "nothing reported: gradients zeroed in place by clip_grad_norm_(max_norm=0) "
-                                    "read as zero gradients, not as cleared ones",
-    "cosine_schedule_shorter_than_run": "no_update at step 32 says 'no parameter can move any more', "
-                                        "but the lr rises again from step 40",
     "dataset_labels_misaligned_with_images": "nothing reported: loss at chance ln 2, but noise dips "
                                              "of 6% pass plateau's 3% improvement test",
-    "encoder_under_no_grad_with_own_optimizer": "no_gradient named 'encoder.convnet', not the network 'encoder'",
-    "handwritten_bce_log_of_zero": "non_finite at step 48 named likely cause 'learning_rate' "
-                                   "(from 2.bias's update ratio 1.21), want 'local_loss'",
-    "minibatch_std_on_batch_of_one": "non_finite in D.mbstd at step 8 named likely cause 'accumulating_gradients' "
-                                     "(G's gradients counted as stale), want 'local_forward'",
     "nll_loss_on_softmax_probabilities": "reported as probabilities_as_logits ('nll_loss expects logits'), "
                                          "invalid_loss_input not found",
-    "shared_input_mlp_for_two_features": "shared_module not found, nothing reported (no mechanism)",
-    "shared_residual_via_list_multiplication": "shared_module not found, nothing reported (no mechanism)",
     "sigmoid_output_with_default_bce_with_logits": "probabilities_as_logits named '' (the squeezed root output), "
                                                    "not the Sigmoid at 'output.1'",
     "step_lr_stepped_per_batch": "update_ratio 'too low' concluded at step 50, reported at 59; onset 14",

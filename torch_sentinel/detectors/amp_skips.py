@@ -20,6 +20,7 @@ class AmpSkipsDetector(Detector):
     rung = "gradients"
     next_check = "inspect_backward_path"
     hypothesis = "gradients are non-finite at every step, so the scaler never applies an update"
+    explains = ("plateau", "no_update")  # skipped steps update nothing
     reads = (LossScale,)
     thresholds = {"consecutive": Threshold(30, "2**16 halved to fp16's smallest normal (2**-14) in 30 skips")}
 

@@ -101,7 +101,9 @@ class Detector:
     - :attr:`next_check` and :attr:`hypothesis`: what its finding tells the user to check next,
       and the one-line hypothesis the report prints;
     - :attr:`reads`: the fact types it reads from records (their probes are set up for it);
-    - :attr:`thresholds`: its tunable numbers, each a :class:`Threshold` with its source.
+    - :attr:`thresholds`: its tunable numbers, each a :class:`Threshold` with its source;
+    - :attr:`explains`: the kinds whose evidence its fault accounts for (a cause and its
+      symptoms: ``no_update`` explains ``plateau``), so the report leads with the cause.
 
     Implement :meth:`update` (once per step record, oldest first) and :meth:`conclude` (once at
     ``attach()``, for verdicts the run context alone supports; at each flush, every
@@ -115,6 +117,10 @@ class Detector:
     hypothesis: ClassVar[str] = ""
     reads: ClassVar[tuple[type[Fact], ...]] = ()
     thresholds: ClassVar[Mapping[str, Threshold]] = {}
+    #: Kinds whose evidence a fault of this kind accounts for, when both fire in one run: weights
+    #: that never move (``no_update``) are why the loss does not fall (``plateau``). The report
+    #: and the error lead with the explaining kind (``diagnosis/ladder.py``).
+    explains: ClassVar[tuple[str, ...]] = ()
     #: Attributes that attach() rebuilds (the run context, references into the model, pending
     #: device copies): never in state_dict(). Every other attribute must be plain host data
     #: (see ``detectors/state.py``); list a subclass's own here, the base's are included.

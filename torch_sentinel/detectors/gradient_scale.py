@@ -25,6 +25,14 @@ Thresholds (AUTOTRAINER's, per step, taken as a median over the window):
   bad init (std 1 on 16-wide ReLU layers) grows 2.4x per layer. Or: the total gradient norm
   above ``exploding_gradient.growth`` = 1e3 times its median over the run's first steps.
 Both need ``*.min_steps`` = 5 steps and at least 3 layers (a ratio over 2 layers says little).
+
+Each states a claim the run must bear out before it is a warning (otherwise it is ``info``,
+saying what contradicted it): a loss improving fast contradicts both (``_evidence.py``), and
+"vanishing" needs the first layers to lag the rest in their *updates*, not only in their
+gradients: an adaptive optimizer (Adam normalises each update by the gradient's own scale) moves
+a layer whose gradient is 1e-6 of the last one's as much as any other, and a fine-tune under the
+HF Trainer does exactly that. The lag is the first layer's update/weight ratio over the last
+layer's on the sampled update steps (``UpdateNorms``), below ``vanishing_gradient.update_lag``.
 """
 
 from __future__ import annotations
@@ -41,11 +49,13 @@ import torch
 from .._collect.compat import is_compiling as _is_compiling
 from .._collect.depth import layer_depths
 from .._collect.probe import Probe, ProbeHost
-from .._collect.probes.norms import GradNorms
+from .._collect.probes.norms import GradNorms, WeightNorms
 from .._collect.probes.outgrad import OutputGradients
+from .._collect.probes.updates import UpdateNorms
 from .._findings import Finding
 from .._record import Fact, StepRecord
 from ._common import trained
+from ._evidence import LossHistory, Support
 from ._layers import LayerPlan, is_layer_weight, layers
 from .base import Detector, Threshold
 
@@ -91,6 +101,7 @@ class _GradientScale(Detector):
 
     def setup(self) -> None:
         self.min_steps = int(self.threshold("min_steps"))
+        self.loss = LossHistory()
         self._layers: Optional[list[tuple[str, list[str]]]] = None
         # Bounded: the medians look at the last 20 steps; growth compares with the first steps.
         window = max(self.min_steps, 20)
@@ -114,6 +125,7 @@ class _GradientScale(Detector):
     def update(self, record: StepRecord) -> None:
         # One verdict a run: what later steps show changes nothing. Scaled gradients (AMP):
         # the scaler owns their magnitude.
+        self.loss.add(record)
         grads = record.fact(GradNorms)
         if self._reported or not trained(record) or record.meta.amp or grads is None:
             return
@@ -141,6 +153,21 @@ class _GradientScale(Detector):
 
     def verdict(self) -> list[Finding]:
         raise NotImplementedError
+
+    def corroborated(self, found: Finding, extra: Optional[Support] = None) -> Finding:
+        """``found`` as a warning if the loss history (and ``extra``, the detector's own second
+        figure) support it, else as info saying what did not."""
+        loss = self.loss.not_improving_fast()
+        against = [x for x in (loss, extra) if x is not None and x.verdict in ("contradicted", "unsupported")]
+        evidence = {**found.evidence, **loss.evidence()}
+        if extra is not None:
+            evidence.update({"second_figure": extra.verdict, "second_figure_says": extra.reason, **extra.figures})
+        if not against:
+            return dataclasses.replace(found, evidence=evidence)
+        why = "; ".join(x.reason for x in against)
+        return dataclasses.replace(
+            found, severity="info", evidence=evidence, next_check="continue_training_or_collect_more_evidence",
+            message=f"{found.message}; but the run does not bear out the claim: {why}")
 
     def _ends(self, norms: list[tuple[str, float]]) -> tuple[tuple[str, float], tuple[str, float]]:
         """The (layer, norm) at the input end and at the loss end."""
@@ -172,22 +199,54 @@ class VanishingGradientDetector(_GradientScale):
     kind = "vanishing_gradient"
     next_check = "inspect_initialization_and_activations"
     hypothesis = "gradients shrink through depth (saturation, poor initialisation)"
-    reads = (GradNorms, OutputGradients, LayerDepths)
+    reads = (GradNorms, OutputGradients, LayerDepths, UpdateNorms, WeightNorms)
     thresholds = {
         "min_steps": Threshold(5, "steps, median: one step never decides"),
         "ratio": Threshold(1e-3, "AUTOTRAINER: first/last layer gradient-norm ratio below 1e-3"),
         "first_norm": Threshold(1e-4, "AUTOTRAINER: and the first layer's norm below 1e-4"),
+        "update_lag": Threshold(1e-2, "the first layer's update/weight ratio 100x below the last layer's: "
+                                      "it learns 100x slower than the rest (issue 25)"),
     }
 
     def setup(self) -> None:
         super().setup()
         self._depths: Optional[dict[str, int]] = None
+        #: (step, update/weight ratio per layer) of the sampled update steps
+        self._update_ratios: collections.deque[tuple[int, dict[str, float]]] = collections.deque(maxlen=8)
 
     def update(self, record: StepRecord) -> None:
         walked = record.fact(LayerDepths)
         if walked is not None and self._depths is None:
             self._depths = walked.depths
         super().update(record)
+        updates, weights = record.fact(UpdateNorms), record.fact(WeightNorms)
+        if updates is not None and weights is not None and self._layers and not self._reported:
+            u, w = updates.by_name(), weights.by_name()
+            ratios = {}
+            for layer, params in self._layers:
+                uu = math.sqrt(sum(u.get(p, 0.0) ** 2 for p in params))
+                ww = math.sqrt(sum(w.get(p, 0.0) ** 2 for p in params))
+                if ww > 0 and math.isfinite(uu) and math.isfinite(ww):
+                    ratios[layer] = uu / ww
+            if ratios:
+                self._update_ratios.append((record.step, ratios))
+
+    def _update_lag(self, first: str, last: str) -> Support:
+        """Whether ``first`` lags ``last`` in its updates: the median over the sampled steps of
+        the ratio of their update/weight ratios."""
+        lags = [r[first] / r[last] for _, r in self._update_ratios
+                if first in r and last in r and r[last] > 0]
+        if not lags:
+            return Support("unsupported", "the updates were not measured (no sampled update step), so the "
+                                          "first layers' lag in learning is not shown")
+        lag = float(np.median(lags))
+        limit = self.threshold("update_lag")
+        figures = {"update_lag": lag, "update_lag_threshold": limit, "update_lag_samples": len(lags)}
+        if lag < limit:
+            return Support("supported", f"{first}'s update/weight ratio is {lag:.2g} of {last}'s", figures)
+        return Support("unsupported", f"the first layers do not lag in their updates: {first}'s update/weight "
+                                      f"ratio is {lag:.2g} of {last}'s (an optimizer that scales each update "
+                                      "to its own gradient, as Adam does, moves them as much as the rest)", figures)
 
     def _ends(self, norms: list[tuple[str, float]]) -> tuple[tuple[str, float], tuple[str, float]]:
         depths = self._depths
@@ -209,19 +268,20 @@ class VanishingGradientDetector(_GradientScale):
         if not (ratio < lim_ratio and first < lim_first):
             return []
         self._reported = True
-        return [self.finding(
+        return [self.corroborated(self.finding(
             f"the gradient reaching the first layer ({fl}) is {ratio:.2g} of the last layer's "
             f"({ll}): norm {first:.3g} vs {last:.3g}, median over {len(steps)} steps",
             module=fl, step=steps[-1], severity="warning",
             evidence={"first_layer": fl, "last_layer": ll, "first_norm": first, "last_norm": last,
                       "ratio": ratio, "steps": steps[:16], "ratio_threshold": lim_ratio},
-        )]
+        ), self._update_lag(fl, ll))]
 
 
 class ExplodingGradientDetector(_GradientScale):
     kind = "exploding_gradient"
     next_check = "lower_learning_rate_or_clip_gradients"
     hypothesis = "gradients grow through depth or time"
+    explains = ("diverging",)
     thresholds = {
         "min_steps": Threshold(5, "steps, median: one step never decides"),
         "ratio": Threshold(70.0, "AUTOTRAINER: first/last layer ratio above 70"),
@@ -241,7 +301,7 @@ class ExplodingGradientDetector(_GradientScale):
             ratio, first, last, fl, ll, steps = m
             per_layer = ratio ** (1.0 / hops)
             self._reported = True
-            return [self.finding(
+            return [self.corroborated(self.finding(
                 f"the largest gradient flowing into a layer's output grows {ratio:.3g}x from the "
                 f"last layer ({ll}) back to the first "
                 f"({fl}), {per_layer:.3g}x per layer over {hops + 1} layers: norm {first:.3g} "
@@ -251,18 +311,18 @@ class ExplodingGradientDetector(_GradientScale):
                           "last_norm": last, "ratio": ratio, "per_layer_growth": per_layer,
                           "layers": hops + 1, "steps": steps[:16],
                           "ratio_threshold": lim_ratio, "per_layer_threshold": lim_per_layer},
-            )]
+            ))]
         if self._total_count >= 2 * self.min_steps:
             base = float(np.median([t for _, t in self._first_totals]))
             recent = list(self._totals)
             now = float(np.median([t for _, t in recent]))
             if base > 0 and now > growth * base:
                 self._reported = True
-                return [self.finding(
+                return [self.corroborated(self.finding(
                     f"the total gradient norm grew {now / base:.3g}x: median {now:.3g} over "
                     f"steps {recent[0][0]}-{recent[-1][0]} vs {base:.3g} at the start",
                     module=None, step=recent[-1][0], severity="warning",
                     evidence={"initial_norm": base, "recent_norm": now, "growth": now / base,
                               "steps": [s for s, _ in recent], "growth_threshold": growth},
-                )]
+                ))]
         return []

@@ -149,6 +149,7 @@ class MissingZeroGradDetector(Detector):
     rung = "gradients"
     next_check = "clear_gradients_every_step"
     hypothesis = "gradients accumulate across steps because they are never cleared"
+    explains = ("exploding_gradient", "diverging", "update_ratio", "plateau")  # the sum of all past gradients
     reads = (StaleGradients, StaleByOptimizer, GradNorms)
     thresholds = {"min_steps": Threshold(3, "consecutive steps carrying non-zero stale gradients: one or "
                                             "two could be a deliberate accumulation across steps")}

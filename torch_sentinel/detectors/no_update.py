@@ -4,8 +4,11 @@ The evidence is the norm of each parameter *before* consecutive optimizer steps:
 bit-identical before step k and step k-1 although step k-1 had a non-zero gradient, step k-1
 did not move the weights, either because it had no effect (lr 0, a step on other tensors) or
 because the update was undone between steps (weights restored, a state_dict reloaded).
-Also reported: gradients cleared between ``backward()`` and ``step()`` (every step sees no
-gradient at all), and ``optimizer.step()`` never called while backward ran.
+Also reported: gradients cleared between ``backward()`` and ``step()`` (every step applies no
+gradient: ``.grad`` set to None, a ``zero_grad()`` after the last backward whatever its
+``set_to_none``, seen from the call itself (``_collect/optimizer_watch.py``), or a clip call that
+multiplied every gradient by 0, ``clip_grad_norm_(params, max_norm=0)``), and
+``optimizer.step()`` never called while backward ran.
 
 A bit-identical L2 norm is second-order evidence only (a weight before a normalisation layer is
 scale-invariant: its norm moves at second order), so a still norm is confirmed with first-order
@@ -18,30 +21,36 @@ Thresholds:
   has lr 0 gives one still step, which is healthy.
 - A still stretch whose lr is positive but below 1e-3 of the largest lr seen so far (the tail
   of a decay) is exempt: such steps can be too small to see. An lr of *exactly* 0 after it was
-  positive is not a tail: nothing can move any more (a StepLR with gamma 0, a cosine schedule to
-  min_lr=0 whose T_max ends before the run), so those steps count and the finding names the
-  step where the lr fell to 0.
+  positive is not a tail: those steps change nothing (a StepLR with gamma 0, a cosine schedule to
+  min_lr=0 whose T_max ends before the run), so they count, and the finding says what the
+  figures show: the lr has been 0 from the step it fell to 0 through the last step seen (it may
+  rise again: a cosine stepped past its T_max climbs back).
 - An optimizer whose parameters are all frozen (``requires_grad=False``) while backward runs
   updates nothing: reported after ``min_still`` such steps, naming the optimizer as the cause.
+- A converged fit is not a fault: when the loss at every still step is bit-identical and at
+  least ``_CONVERGED`` times below the run's first loss, the optimizer declined to move at its
+  own tolerance (L-BFGS stops at ``tolerance_change`` on a full batch): reported as ``info``.
 - AMP-skipped steps and frozen parameters are never counted; with several optimizers, a
   parameter is judged only on rows where its own optimizer stepped (critic steps of a GAN).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import math
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
 import torch
 
 from .._collect.graph_walk import LossGraph
+from .._collect.optimizer_watch import ClearedBeforeStep
 from .._collect.probe import Probe
 from .._collect.probes.norms import GradNorms, WeightNorms
 from .._collect.weight_prints import WeightChange, WeightPrints
 from .._findings import Finding
 from .._record import StepRecord
 from ._common import GraphCut, common_module
+from ._step import PreviousStep as _Step
 from .base import Detector, Threshold
 
 __all__ = ["NoUpdateDetector"]
@@ -50,6 +59,8 @@ __all__ = ["NoUpdateDetector"]
 #: accumulated in float32 or better (``_collect/probes/norms.py``), and a weight dtype coarser
 #: than that raises the bar to its own epsilon.
 _RESOLUTION = 1e-5
+#: A loss this many times below the run's first loss, flat to the last bit: a converged fit.
+_CONVERGED = 1e3
 
 
 class NoUpdateDetector(Detector):
@@ -59,7 +70,8 @@ class NoUpdateDetector(Detector):
     rung = "updates"
     next_check = "inspect_optimizer_update"
     hypothesis = "the optimizer does not move these parameters"
-    reads = (GradNorms, WeightNorms, WeightChange, LossGraph)
+    explains = ("plateau", "update_ratio")  # weights that never move: the loss cannot fall
+    reads = (GradNorms, WeightNorms, WeightChange, LossGraph, ClearedBeforeStep)
     thresholds = {"min_still": Threshold(3, "consecutive still steps per parameter: a warm-up whose first "
                                             "step has lr 0 gives one, which is healthy")}
 
@@ -82,9 +94,15 @@ class NoUpdateDetector(Detector):
         self._resolution = {n: max(_RESOLUTION, float(torch.finfo(dtype).eps))
                             for n, dtype in self.ctx.param_dtypes.items() if dtype.is_floating_point}
         self._prev: Optional[_Step] = None
+        #: The run's first finite loss, and the loss of recent steps (for "converged").
+        self._first_loss: Optional[float] = None
+        self._losses: dict[int, float] = {}
         self._still: dict[str, list[int]] = {}
         self._max_lr = 0.0
         self._cleared_steps: list[int] = []
+        #: How the gradients were cleared at those steps: "none" (.grad None), "zero_grad"
+        #: (a zero_grad() after the last backward), "clip" (a clip to 0).
+        self._cleared_how: dict[str, int] = {}
         self._frozen_steps: list[int] = []
         #: the first step whose lr was exactly 0 after a positive lr (None while it is positive)
         self._lr_zero_since: Optional[int] = None
@@ -111,6 +129,12 @@ class NoUpdateDetector(Detector):
 
     def update(self, record: StepRecord) -> None:
         self.cut.add(record)
+        if record.loss is not None and math.isfinite(record.loss):
+            if self._first_loss is None:
+                self._first_loss = record.loss
+            self._losses[record.step] = record.loss
+            if len(self._losses) > 64:
+                del self._losses[min(self._losses)]
         watched = self._watched()
         rec = record
         lrs = [lr for lr in rec.meta.lrs if lr is not None]
@@ -132,8 +156,13 @@ class NoUpdateDetector(Detector):
             self._lr_zero_steps.append(rec.step)
         if len(self._frozen_steps) < 16 and self._all_frozen(rec):
             self._frozen_steps.append(rec.step)
-        if len(self._cleared_steps) < 16 and self._all_cleared(rec, watched):
+        how = self._cleared(rec, watched)
+        if how is not None and len(self._cleared_steps) < 16:
             self._cleared_steps.append(rec.step)
+            self._cleared_how[how] = self._cleared_how.get(how, 0) + 1
+        elif how is None and "<cleared>" not in self._reported:
+            self._cleared_steps = []  # consecutive steps only
+            self._cleared_how = {}
         self._prev = _Step.of(rec)
 
     def conclude(self, final: bool = False) -> Iterable[Finding]:
@@ -154,13 +183,14 @@ class NoUpdateDetector(Detector):
         self._reported.update(watched)  # the still-weights evidence would only repeat this
         fell, steps = self._lr_zero_since, self._lr_zero_steps
         return [self.finding(
-            f"the learning rate fell to exactly 0 at step {fell} after peaking at {self._max_lr:.3g} "
-            f"and stayed 0 for {len(steps)} optimizer steps with a backward: no parameter can move "
-            "any more (a step schedule with gamma 0, or a decay to min_lr=0 that ends before the "
-            "run does?)",
+            f"the learning rate fell to exactly 0 at step {fell} after peaking at {self._max_lr:.3g}, "
+            f"and was 0 at every step from {fell} through {steps[-1]} so far: the {len(steps)} optimizer "
+            "steps with a backward in that stretch changed nothing (a schedule that reaches 0 before "
+            "the run ends: a cosine with T_max shorter than the run, a decay to min_lr=0, a step "
+            "schedule with gamma 0?)",
             module="", step=steps[self.min_still - 1], onset_step=fell, severity="error",
-            evidence={"lr_zero_since": fell, "max_lr_seen": self._max_lr, "steps": steps[:16],
-                      "parameters_watched": len(watched)},
+            evidence={"lr_zero_since": fell, "lr_zero_through": steps[-1], "max_lr_seen": self._max_lr,
+                      "steps": steps[:16], "parameters_watched": len(watched)},
         )]
 
     def _all_frozen(self, rec: StepRecord) -> bool:
@@ -170,16 +200,29 @@ class NoUpdateDetector(Detector):
         opt = [n for n in self.ctx.param_names if n in self.ctx.optimizer_params]
         return bool(rec.meta.backward_calls and opt) and set(opt) <= set(rec.meta.frozen)
 
-    @staticmethod
-    def _all_cleared(rec: StepRecord, watched: list[str]) -> bool:
-        """A backward ran, yet no watched trainable parameter had a gradient at the step."""
+    def _cleared(self, rec: StepRecord, watched: list[str]) -> Optional[str]:
+        """How every watched gradient was cleared before this step (None: it was not): all
+        ``.grad`` None, a ``zero_grad()`` after the last backward, or a clip to 0."""
         meta = rec.meta
-        if not meta.grad_missing:
-            return False  # some trainable parameter had a gradient (or none is trainable)
+        if not meta.backward_calls or meta.amp_skipped or not watched:
+            return None
         trainable = set(watched) - set(meta.frozen)
-        if not (meta.backward_calls and not meta.amp_skipped and trainable):
-            return False
-        return len(meta.grad_missing) >= len(trainable) and trainable <= set(meta.grad_missing)
+        if not trainable:
+            return None
+        if meta.grad_missing and len(meta.grad_missing) >= len(trainable) and trainable <= set(meta.grad_missing):
+            return "none"
+        cleared = rec.fact(ClearedBeforeStep)
+        stepped = set(meta.stepped) if len(self.ctx.optimizer_groups) > 1 else {0}
+        if cleared is not None and stepped and stepped <= set(cleared.optimizers):
+            return "zero_grad"
+        grads = rec.fact(GradNorms)
+        if meta.clipped and grads is not None and grads.clipped is not None:
+            index = {n: i for i, n in enumerate(grads.names)}
+            present = [index[n] for n in trainable - set(meta.grad_missing) if n in index]
+            # after the clip every gradient is 0, before it some were not (a coefficient of 0)
+            if present and not grads.clipped[present].any() and grads.values[present].any():
+                return "clip"
+        return None
 
     def _compare(self, prev: _Step, rec: StepRecord, watched: list[str]) -> None:
         w1 = rec.fact(WeightNorms)
@@ -239,6 +282,21 @@ class NoUpdateDetector(Detector):
         grads = rec.grads if rec is not None else {}
         lr_zero = bool(lrs) and all(lr == 0 for lr in lrs if lr is not None)
         fell = self._lr_zero_since
+        flat = self._converged_loss(steps)
+        first = self._first_loss
+        if flat is not None and first is not None and not lr_zero:
+            return [self.finding(
+                f"{len(still)} parameter(s) under {module or '<model>'} did not change over {len(steps) + 1} "
+                f"consecutive optimizer steps while their gradients were non-zero, but the loss was "
+                f"{flat:.4g} at every one of them, bit for bit, {first / max(flat, 1e-300):.3g}x below "
+                "its start: a converged fit, where the optimizer declines to move at its own tolerance "
+                "(L-BFGS's tolerance_change on a full batch), not a step without effect",
+                module=module, step=max(self._still_until.get(n, steps[-1] + 1) for n in still),
+                onset_step=min(self._confirmed[n] for n in still), severity="info",
+                next_check="continue_training_or_collect_more_evidence",
+                evidence={"parameters": sorted(still)[:8], "still_steps": steps[:16], "loss": flat,
+                          "first_loss": first, "converged": True},
+            )]
         if lr_zero and fell is not None:
             cause = (f"the learning rate fell to exactly 0 at step {fell} after peaking at "
                      f"{self._max_lr:.3g} (a step schedule with gamma 0, or a decay to min_lr=0 "
@@ -258,19 +316,41 @@ class NoUpdateDetector(Detector):
                       "lr_zero_since": fell if lr_zero else None},
         )]
 
+    def _converged_loss(self, steps: list[int]) -> Optional[float]:
+        """The loss of a converged fit over ``steps``: bit-identical at each and ``_CONVERGED``
+        times below the run's first loss (None otherwise)."""
+        first = self._first_loss
+        losses = {self._losses.get(st) for st in steps}
+        if first is None or first <= 0 or len(losses) != 1:
+            return None
+        (value,) = losses
+        return value if value is not None and 0 <= value * _CONVERGED <= first else None
+
     def _cleared_finding(self) -> list[Finding]:
         if "<cleared>" in self._reported or len(self._cleared_steps) < self.min_still:
             return []
         if self.cut.cut_off:
             return []  # the loss never reached the parameters: no_gradient names the cut
         self._reported.add("<cleared>")
+        how = max(self._cleared_how, key=lambda k: self._cleared_how[k]) if self._cleared_how else "none"
+        n = len(self._cleared_steps)
+        cause = {
+            "none": (f"backward() ran but no parameter had a gradient at {n} optimizer steps: the "
+                     "gradients are cleared between backward() and step() (is zero_grad() called "
+                     "after backward?), so every step does nothing"),
+            "zero_grad": (f"a zero_grad() cleared every gradient after the last backward() and before "
+                          f"optimizer.step() at {n} optimizer steps (with set_to_none=False they are "
+                          "left as zero tensors): every step applies a zero gradient and the weights "
+                          "do not change; call zero_grad() before backward()"),
+            "clip": (f"a gradient-clipping call multiplied every gradient by 0 at {n} optimizer steps "
+                     "(clip_grad_norm_ with max_norm=0, where 0 was meant as 'no clipping'?): every "
+                     "step applies a zero gradient and the weights do not change"),
+        }[how]
         return [self.finding(
-            f"backward() ran but no parameter had a gradient at {len(self._cleared_steps)} "
-            "optimizer steps: the gradients are cleared between backward() and step() (is "
-            "zero_grad() called after backward?), so every step does nothing",
-            module="", step=self._cleared_steps[self.min_still - 1],
+            cause, module="", step=self._cleared_steps[self.min_still - 1],
             onset_step=self._cleared_steps[0], severity="error",
-            evidence={"steps": self._cleared_steps[:16], "parameters_watched": len(self._watched())},
+            evidence={"steps": self._cleared_steps[:16], "parameters_watched": len(self._watched()),
+                      "cleared_by": how},
         )]
 
     def _frozen_finding(self) -> list[Finding]:
@@ -307,28 +387,3 @@ class NoUpdateDetector(Detector):
             module="", step=0, severity="error",
             evidence={"backward_calls": now.backward_calls, "optimizer_steps": 0},
         )]
-
-
-@dataclasses.dataclass
-class _Step:
-    """What a comparison needs of the previous step (plain data: it is checkpointed)."""
-
-    step: int
-    row: int
-    #: A backward ran and the AMP scaler did not skip the step.
-    trained: bool
-    lrs: list[Optional[float]]
-    frozen: tuple[str, ...]
-    grad_missing: tuple[str, ...]
-    stepped: list[int]
-    #: Weight norms as the step found them (None where they were not read).
-    weights: Optional[dict[str, float]]
-    #: The gradient norms the step applied (after clipping: a gradient clipped to 0 moves nothing).
-    grads: dict[str, float]
-
-    @classmethod
-    def of(cls, rec: StepRecord) -> _Step:
-        meta, w, g = rec.meta, rec.fact(WeightNorms), rec.fact(GradNorms)
-        return cls(rec.step, meta.row, bool(meta.backward_calls) and not meta.amp_skipped, list(meta.lrs),
-                   meta.frozen, meta.grad_missing, list(meta.stepped), w.by_name() if w is not None else None,
-                   dict(zip(g.names, g.at_step.tolist())) if g is not None else {})

@@ -92,24 +92,30 @@ def locate(record: StepRecord, ctx: RunContext, core_width: int) -> Optional[Fau
                          value=value, evidence=evidence, **detail)
 
 
-def update_ratio(records: Sequence[StepRecord], before_step: int) -> Optional[dict[str, Any]]:
-    """The global and largest per-parameter update/weight ratio of the last sampled step before
-    ``before_step``: the evidence for 'learning rate too high'."""
+def update_ratio(records: Sequence[StepRecord], before_step: int, weights: Optional[set[str]] = None,
+                 groups: Sequence[Sequence[str]] = ()) -> Optional[dict[str, Any]]:
+    """The update/weight ratio of the last sampled step before ``before_step``, as
+    ``update_ratio`` reads it (over the layer ``weights``, per optimizer): the evidence for
+    'learning rate too high'. Its largest single-parameter ratio is kept as a detail only."""
+    from ..diagnosis.causes import global_ratios
+
     for rec in reversed(records):
         if rec.step >= before_step or not rec.meta.updates_sampled:
             continue
+        ratios = global_ratios(rec, weights, groups)
+        if not ratios:
+            continue
+        ratio, who = max(ratios)
         upd = rec.array("update_norm").astype(np.float64)
         par = rec.array("param_norm").astype(np.float64)
-        if not (np.isfinite(upd).all() and np.isfinite(par).all()):
-            continue
-        denom = math.sqrt(float((par**2).sum())) or 1.0
-        ratio = math.sqrt(float((upd**2).sum())) / denom
         with np.errstate(divide="ignore", invalid="ignore"):
             per = np.where(par > 0, upd / np.maximum(par, 1e-30), 0.0)
+        per = np.where(np.isfinite(per), per, 0.0)
         i = int(np.argmax(per)) if per.size else 0
         return {
             "step": rec.step,
             "ratio": ratio,
+            "of": who,
             "max_ratio": float(per[i]) if per.size else 0.0,
             "max_ratio_param": rec.keys("update_norm")[i] if per.size else None,
         }
@@ -117,12 +123,13 @@ def update_ratio(records: Sequence[StepRecord], before_step: int) -> Optional[di
 
 
 def _ratio_hint(ratio: Optional[dict[str, Any]], band: tuple[float, float]) -> str:
-    """The last sampled update/weight ratio, read against the same band ``update_ratio`` uses:
-    never "looks sane" for a value outside it."""
+    """The last sampled update/weight ratio, read against the same band ``update_ratio`` uses,
+    on the figure it prints: never "looks sane" for a value outside it, never "above" for one
+    inside it."""
     if ratio is None:
         return ""
     low, high = band
-    r = ratio["max_ratio"]
+    r = ratio["ratio"]
     if r > high:
         verdict = f"above the healthy band [{low:.0e}, {high:.3g}]: a learning rate too high is likely."
     elif r < low:
@@ -130,8 +137,8 @@ def _ratio_hint(ratio: Optional[dict[str, Any]], band: tuple[float, float]) -> s
                    "so the update is not what blew up.")
     else:
         verdict = f"inside the healthy band [{low:.0e}, {high:.3g}], so the update size is not the cause."
-    return (f" The update/weight ratio at step {ratio['step']} was {ratio['ratio']:.3g} "
-            f"(largest {r:.3g} in {ratio['max_ratio_param']}), " + verdict)
+    who = ratio.get("of", "the layer weights")
+    return f" The update/weight ratio at step {ratio['step']} was {r:.3g} (over {who}), " + verdict
 
 
 def _next_check(fault: Fault, ratio: Optional[dict[str, Any]],
@@ -188,12 +195,26 @@ class NonFiniteDiagnosis:
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
 
+    def _layer_weights(self) -> Optional[set[str]]:
+        """The weights of Linear/Conv/RNN layers (``update_ratio``'s), or None when the run
+        context names no module (then every parameter counts)."""
+        from ._layers import is_layer_weight
+
+        if not self.ctx.module_types:
+            return None
+        chosen = {p for p in self.ctx.param_names
+                  if is_layer_weight(p, self.ctx.module_types.get(self.ctx.owner(p) or "", ""))}
+        return chosen or None
+
     def error(self, fault: Fault, recent: Sequence[StepRecord], rank: Optional[int] = None) -> NonFiniteError:
         ev = fault.evidence
-        ratio = update_ratio(recent, fault.step)
+        weights = self._layer_weights()
+        groups = self.ctx.optimizer_groups
+        ratio = update_ratio(recent, fault.step, weights, groups)
         band = (self.ctx.threshold("update_ratio.low", 1e-7), self.ctx.threshold("update_ratio.high", 0.1))
         local = _next_check(fault, ratio, band)
-        causes = rank_causes(fault.boundary, fault.detail, recent, fault.step, band, local=local)
+        causes = rank_causes(fault.boundary, fault.detail, recent, fault.step, band, local=local,
+                             weights=weights, groups=groups)
         first = causes[0]
         if first.name.startswith("local_") or first.name == "data":
             advice = local

@@ -8,6 +8,11 @@ Two sources of evidence:
   with ``requires_grad``). The graph is walked on the host at steps 0 and 1, then every
   ``unregistered_parameter.walk_every`` (500) steps: a few milliseconds, no device read.
 
+Membership is read from the optimizers as the run goes (``HeldParameters``,
+``_collect/optimizer_watch.py``), not only at ``attach()``: parameters that join an optimizer
+mid-run through ``add_param_group`` (gradual unfreezing) are registered from the step they
+joined.
+
 A leaf that requires grad but that no module holds, not even in a plain list, is not a forgotten
 parameter: it is a tensor rebuilt from the model's output, where the graph was cut;
 ``no_gradient`` names those (the walk itself is ``_collect/graph_walk.py``).
@@ -18,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._collect.graph_walk import LossGraph
+from .._collect.optimizer_watch import HeldParameters
 from .._collect.probes.norms import GradNorms
 from .._findings import Finding
 from .._record import StepRecord
@@ -32,7 +38,8 @@ class UnregisteredParameterDetector(Detector):
     rung = "updates"
     next_check = "register_parameters_with_optimizer"
     hypothesis = "trainable tensors are missing from every optimizer param group"
-    reads = (LossGraph, GradNorms)
+    explains = ("plateau", "no_update")
+    reads = (LossGraph, GradNorms, HeldParameters)
     thresholds = {"walk_every": Threshold(500, "steps between walks of the loss's graph (a few ms each, host only)")}
     #: Derived from the run at setup.
     live_attributes = frozenset({"_candidates", "_watching", "_orphans"})
@@ -51,6 +58,12 @@ class UnregisteredParameterDetector(Detector):
     def update(self, record: StepRecord) -> None:
         if not self._watching:
             return
+        held = record.fact(HeldParameters)
+        if held is not None:
+            now = {n for group in held.groups for n in group}
+            self._candidates = [n for n in self.ctx.param_names if n not in now]
+            # a parameter seen outside every group earlier counts only if it is still outside
+            self._unoptimized = {n: v for n, v in self._unoptimized.items() if n not in now}
         walk = record.fact(LossGraph)
         if walk is not None:
             for name, shape in walk.late.items():
@@ -60,7 +73,8 @@ class UnregisteredParameterDetector(Detector):
                     self._stray[label] = (owner, list(shape), numel, record.step)
         grads = record.fact(GradNorms) if self._candidates and record.meta.backward_calls else None
         if grads is not None:
-            missing = set(grads.missing)
+            # a frozen parameter keeps the .grad of an earlier phase: it gets no new gradient
+            missing = set(grads.missing) | set(grads.frozen)
             by_name = dict(zip(grads.names, grads.at_step.tolist()))
             for n in self._candidates:
                 if n not in missing and n not in self._reported and by_name.get(n, 0.0) > 0:

@@ -2,7 +2,9 @@
 
 Measured exactly on the steps where the collector copies the weights (every ``update_every``
 steps), over the weights of Linear/Conv/RNN layers (biases start at 0, where the ratio means
-nothing).
+nothing). With several optimizers (a GAN's two networks), each optimizer is judged on its own
+weights, on the rows where it stepped: a ratio of one network's update over both networks'
+weights says nothing about either learning rate.
 
 Between the sampled steps a lower bound comes for free: the weight norms are read before every
 step (``param_norm``), and by the triangle inequality ``| ||W_k+1|| - ||W_k|| | <= ||dW_k||``. A
@@ -10,11 +12,18 @@ relative change of the weights' global norm above ``high`` on ``min_samples`` co
 observed steps proves the ratio is too high there, at a step that no sample may fall on (an lr
 100x too high during a warm-up, after which Adam's weights have grown to match it and the
 sampled ratio looks ordinary again). It can only prove "too high", never "too low". Weights
-that start from nothing (zero or tiny init: a logistic regression from zeros) grow by large
-relative steps at any lr, so the bound is read only for weights whose initial norm is not 0 and
-while their norm is within ``_GROWN`` times what it was at the first step: beyond that the
-weights are made of their updates, and a relative change says where they started, not how
-large the lr is.
+that start from nothing (zero init: a logistic regression from zeros) grow by large relative
+steps at any lr, so the bound is read only for weights whose initial norm is not 0 and while
+their norm is within ``_GROWN`` times what it was at the first step.
+
+A ratio out of band is a claim about the learning rate, and the loss history must support it
+(``_evidence.py``): "too high" needs the loss to rise beyond its own noise band or go
+non-finite (a large update on a loss that falls fast is productive: a small model fitting an
+easy function, Adam's first steps on weights initialised very small); "too low" needs slow
+progress since the low ratios began, and is never said of an optimizer whose ratio was ever
+above the band (a network whose gradient died after an oversized step updates by almost
+nothing: the learning rate is not too low there). A claim the loss history does not support is
+given as ``severity="info"`` with what the history showed.
 
 Thresholds (median over ``update_ratio.min_samples`` = 3 sampled steps):
 - ``update_ratio.high`` = 0.1: DeepDiagnosis's upper bound on lr * ||dW|| / ||W||; 100x the
@@ -27,25 +36,20 @@ Thresholds (median over ``update_ratio.min_samples`` = 3 sampled steps):
 
 from __future__ import annotations
 
-import collections
-import math
-from typing import Optional
-
-import numpy as np
+from collections.abc import Iterable
+from typing import Any
 
 from .._collect.probes.norms import WeightNorms
 from .._collect.probes.updates import UpdateNorms
 from .._findings import Finding
 from .._record import StepRecord
 from ._common import trained
+from ._evidence import LossHistory, Support
 from ._layers import layers
+from ._ratios import Claim, OptimizerRatios
 from .base import Detector, Threshold
 
 __all__ = ["UpdateRatioDetector"]
-
-#: The weights' global norm may have grown this many times over its first recorded value and
-#: still be read for the lower bound: an order of magnitude (an lr 100x too high shows within 3x-7x).
-_GROWN = 10.0
 
 
 class UpdateRatioDetector(Detector):
@@ -53,6 +57,7 @@ class UpdateRatioDetector(Detector):
     rung = "updates"
     next_check = "inspect_learning_rate"
     hypothesis = "the learning rate is out of scale with the weights"
+    explains = ("diverging", "exploding_gradient", "plateau")  # oversized (or vanishing) steps
     reads = (UpdateNorms, WeightNorms)
     thresholds = {
         "high": Threshold(0.1, "DeepDiagnosis's upper bound on lr*||dW||/||W||, 100x the 1e-3 rule of thumb"),
@@ -65,110 +70,76 @@ class UpdateRatioDetector(Detector):
         self.high = self.threshold("high")
         self.low = self.threshold("low")
         self.min_samples = int(self.threshold("min_samples"))
-        self._samples: collections.deque[tuple[int, float, str, float]] = collections.deque(maxlen=self.min_samples)
-        self._weights: list[str] = []
-        self._reported = False
-        #: (step, weight norms by name) of the last row whose weights were recorded
-        self._prev_norms: Optional[tuple[int, dict[str, float], bool]] = None
-        #: (step, lower bound of the global ratio, layer weight with the largest one, its bound)
-        self._bounds: collections.deque[tuple[int, float, str, float]] = collections.deque(maxlen=self.min_samples)
-        #: each weight's norm at the first row that recorded it
-        self._first: dict[str, float] = {}
+        self.loss = LossHistory()
+        self._groups: list[OptimizerRatios] = []
+        #: Claims waiting for the loss history to decide them, in the order they were made.
+        self._pending: list[Claim] = []
+        self._peak_lr = 0.0
+        self._lr_now = 0.0
+
+    def _build_groups(self) -> list[OptimizerRatios]:
+        weights = [p for _, ps in layers(self.ctx) for p in ps if p in self.ctx.optimizer_params]
+        groups = self.ctx.optimizer_groups
+        if len(groups) < 2:
+            return [OptimizerRatios(-1, weights, self.high, self.low, self.min_samples)]
+        return [OptimizerRatios(i, [w for w in weights if w in set(names)], self.high, self.low, self.min_samples)
+                for i, names in enumerate(groups)]
 
     def update(self, record: StepRecord) -> None:
-        if not trained(record):
-            return
-        if not self._weights:
-            self._weights = [p for _, ps in layers(self.ctx) for p in ps if p in self.ctx.optimizer_params]
-        rec = record
-        found = self._lower_bound(rec)
-        if found:
-            self.flag(found[0])
-            return
-        updates, weights = rec.fact(UpdateNorms), rec.fact(WeightNorms)
-        if updates is None or weights is None or not self._weights or not any(rec.meta.lrs):
-            return
-        upd, par = updates.by_name(), weights.by_name()
-        skip = set(rec.meta.frozen) | set(rec.meta.grad_missing)
-        names = [n for n in self._weights if n not in skip and par.get(n, 0) > 0]
-        if not names:
-            return
-        u = np.array([upd[n] for n in names], dtype=np.float64)
-        w = np.array([par[n] for n in names], dtype=np.float64)
-        if not (np.isfinite(u).all() and np.isfinite(w).all()) or not u.any():
-            return
-        per = u / w
-        i = int(np.argmax(per))
-        self._samples.append((rec.step, float(math.sqrt((u**2).sum() / (w**2).sum())), names[i], float(per[i])))
-        # Any run of min_samples consecutive samples out of bounds counts: Adam at a too-high
-        # lr is most visible early, before the weights have grown to match it.
-        if not self._reported and len(self._samples) == self.min_samples:
-            found = self._check()
-            if found:
-                self.flag(found[0])
+        self.loss.add(record)
+        lrs = [lr for lr in record.meta.lrs if lr is not None]
+        if lrs:
+            self._lr_now = max(lrs)
+            self._peak_lr = max(self._peak_lr, self._lr_now)
+        if trained(record):
+            if not self._groups:
+                self._groups = self._build_groups()
+            for group in self._groups:
+                claim = group.update(record)
+                if claim is not None:
+                    self._pending.append(claim)
+        self._decide(final=False)
 
-    def _lower_bound(self, rec: StepRecord) -> list[Finding]:
-        """Fold in ``| ||W|| now - ||W|| before the previous step | / ||W|| before``, a lower
-        bound of the previous step's update/weight ratio, when both rows read the weights."""
-        weights = rec.fact(WeightNorms)
-        if weights is None or not self._weights:
-            return []
-        par = weights.by_name()
-        skip = set(rec.meta.frozen) | set(rec.meta.grad_missing)
-        stepped = not rec.meta.amp_skipped and any(lr for lr in rec.meta.lrs if lr is not None)
-        prev, self._prev_norms = self._prev_norms, (rec.step, {n: par[n] for n in self._weights if n not in skip}, stepped)
-        for n in self._weights:
-            self._first.setdefault(n, par[n])
-        if prev is None or prev[0] != rec.step - 1 or not prev[2] or self._reported:
-            return []
-        names = [n for n in self._weights if prev[1].get(n, 0) > 0 and n in par and self._first[n] > 0]
-        w0 = np.array([prev[1][n] for n in names], dtype=np.float64)
-        w1 = np.array([par[n] for n in names], dtype=np.float64)
-        first = np.array([self._first[n] for n in names], dtype=np.float64)
-        if not names or not (np.isfinite(w0).all() and np.isfinite(w1).all() and np.isfinite(first).all()) \
-                or (w0**2).sum() > _GROWN**2 * (first**2).sum():
-            self._bounds.clear()  # nothing to read, or weights made of their updates by now
-            return []
-        per = np.abs(w1 - w0) / w0
-        i = int(np.argmax(per))
-        bound = abs(math.sqrt(float((w1**2).sum())) - math.sqrt(float((w0**2).sum()))) / math.sqrt(float((w0**2).sum()))
-        self._bounds.append((prev[0], bound, names[i], float(per[i])))
-        if len(self._bounds) < self.min_samples or min(b[1] for b in self._bounds) <= self.high:
-            return []
-        self._reported = True
-        recent = list(self._bounds)
-        worst = max(recent, key=lambda b: b[3])
-        low = min(b[1] for b in recent)
-        return [self.finding(
-            f"the weights' norm changed by {', '.join(f'{b[1]:.0%}' for b in recent)} of itself in "
-            f"steps {[b[0] for b in recent]}: the update/weight ratio ||dW||/||W|| was at least "
-            f"{low:.3g} at each (a lower bound read from the weight norms before consecutive steps), "
-            f"above the {self.high:g} bound (healthy training sits near 1e-3; the largest change is "
-            f"{worst[2]!r}'s, {worst[3]:.0%}): the learning rate is likely too high",
-            module=self.ctx.owner(worst[2]), step=recent[-1][0] + 1, onset_step=recent[0][0],
-            severity="warning",
-            evidence={"ratio": low, "ratio_at_least": low, "steps": [b[0] for b in recent],
-                      "lower_bounds": [b[1] for b in recent], "largest_param": worst[2],
-                      "largest_lower_bound": worst[3], "bound": self.high,
-                      "measured": "weight norms before consecutive steps (lower bound)"},
-            next_check="lower_learning_rate",
-        )]
+    def conclude(self, final: bool = False) -> Iterable[Finding]:
+        if final:
+            self._decide(final=True)
+        return []
 
-    def _check(self) -> list[Finding]:
-        recent = list(self._samples)
-        ratio = float(np.median([s[1] for s in recent]))
-        if self.low <= ratio <= self.high:
-            return []
-        self._reported = True
-        high = ratio > self.high
-        worst = max(recent, key=lambda s: s[3])
-        return [self.finding(
-            f"the update/weight ratio ||dW||/||W|| was {ratio:.3g} (median of {len(recent)} sampled "
-            f"steps), {'above' if high else 'below'} the {self.high if high else self.low:g} "
-            f"bound (healthy training sits near 1e-3): the learning rate is likely too {'high' if high else 'low'}",
-            module=self.ctx.owner(worst[2]) if high else None, step=recent[-1][0], severity="warning",
-            evidence={"ratio": ratio, "steps": [s[0] for s in recent], "ratios": [s[1] for s in recent],
-                      "largest_param": worst[2], "largest_ratio": worst[3],
-                      "bound": self.high if high else self.low},
-            next_check="lower_learning_rate" if high else "raise_learning_rate",
-        )]
+    def _decide(self, final: bool) -> None:
+        still: list[Claim] = []
+        for claim in self._pending:
+            support = self._support(claim)
+            if not support.decided and not final:
+                still.append(claim)
+                continue
+            self.flag(self._finding(claim, support))
+        self._pending = still
+
+    def _support(self, claim: Claim) -> Support:
+        if claim.high:
+            return self.loss.too_high(claim.onset)
+        lr_fell = self._peak_lr / self._lr_now if self._lr_now > 0 else None
+        return self.loss.too_low(claim.onset, lr_fell=lr_fell)
+
+    def _finding(self, claim: Claim, support: Support) -> Finding:
+        direction = "high" if claim.high else "low"
+        if support.warns:
+            verdict = f"the learning rate is likely too {direction}; {support.reason}"
+            severity = "warning"
+        elif support.verdict == "undecided":
+            verdict = (f"too few losses to tell whether the learning rate is too {direction} "
+                       f"({support.reason})")
+            severity = "info"
+        else:
+            verdict = (f"but the loss history does not say the learning rate is too {direction}: "
+                       f"{support.reason}")
+            severity = "info"
+        evidence: dict[str, Any] = {**claim.evidence, **support.evidence()}
+        if claim.optimizer >= 0:
+            evidence["optimizer"] = claim.optimizer
+        module = self.ctx.owner(claim.param) if claim.high else None
+        return self.finding(
+            f"{claim.text}: {verdict}", module=module, step=max(claim.step, self.loss.last_step or 0)
+            if severity == "warning" else claim.step, onset_step=claim.onset, severity=severity,
+            evidence=evidence, next_check="lower_learning_rate" if claim.high else "raise_learning_rate",
+        )

@@ -8,6 +8,17 @@ activations and the loss climb for several steps first), gradients that accumula
 when a healthy run meets a log of 0 in the loss or a sqrt at 0 in a backward. Each cause gets a
 score from the figures that support it; the first one is named in the error and the finding.
 No device read: only :class:`StepRecord`s the sentinel already holds.
+
+Two rules keep the ranking honest (issue 25):
+
+- **where it appeared comes first.** A non-finite value that appeared in the data, or in an input
+  of the loss that is not the model's output (a target made in preprocessing), is that cause,
+  ahead of any dynamics cause: no learning rate makes a batch non-finite.
+- **every figure agrees with its words.** The update/weight ratio read as evidence is the one
+  ``update_ratio`` judges: over the layer weights (biases start at 0, where a ratio means
+  nothing), one global ratio per optimizer on the rows it stepped; a ratio inside the band is
+  never called "above" it. Stale gradients are read per optimizer where there are several (a
+  GAN's generator holds its previous gradients until its own ``zero_grad()``, by design).
 """
 
 from __future__ import annotations
@@ -19,6 +30,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .._collect.probes.norms import GradNorms, StaleGradients, WeightNorms
+from .._collect.probes.updates import UpdateNorms
 from .._record import StepRecord
 
 __all__ = ["Cause", "Trends", "rank_causes", "trends"]
@@ -67,9 +80,55 @@ class Trends:
     steps: list[int]
 
 
-def trends(records: Sequence[StepRecord], before_step: int) -> Trends:
-    """The trends of the rows before ``before_step`` (finite values only)."""
+def global_ratios(rec: StepRecord, weights: Optional[set[str]] = None,
+                  groups: Sequence[Sequence[str]] = ()) -> list[tuple[float, str]]:
+    """(global update/weight ratio, whose) per optimizer that stepped in ``rec`` and whose update
+    was measured: over the layer ``weights`` it holds (all parameters when ``weights`` is None)."""
+    updates, par = rec.fact(UpdateNorms), rec.fact(WeightNorms)
+    if updates is None or par is None:
+        return []
+    u, w = updates.by_name(), par.by_name()
+    owned = [list(g) for g in groups] if len(groups) > 1 else [list(u)]
+    out = []
+    for i, names in enumerate(owned):
+        if len(groups) > 1 and i not in rec.meta.stepped:
+            continue
+        chosen = [n for n in names if (weights is None or n in weights) and w.get(n, 0) > 0 and n in u]
+        uu = np.array([u[n] for n in chosen], dtype=np.float64)
+        ww = np.array([w[n] for n in chosen], dtype=np.float64)
+        if not chosen or not (np.isfinite(uu).all() and np.isfinite(ww).all()):
+            continue
+        who = f"optimizer {i}'s layer weights" if len(groups) > 1 else "the layer weights"
+        out.append((float(np.sqrt((uu**2).sum() / (ww**2).sum())), who))
+    return out
+
+
+def _stale(rec: StepRecord, several: bool) -> Optional[float]:
+    """The norm of gradients left over from an optimizer's previous step at this step (None:
+    none). With several optimizers only an optimizer's own gradients count."""
+    if several:
+        from ..detectors.missing_zero_grad import (
+            StaleByOptimizer,  # the fact lives with its detector
+        )
+
+        per = rec.fact(StaleByOptimizer)
+        if per is None:
+            return None
+        values = [v for v in per.values.tolist() if v > 0 or not math.isfinite(v)]
+        return max(values) if values else None
+    stale = rec.fact(StaleGradients)
+    if stale is None or not (stale.norm > 0 or not math.isfinite(stale.norm)):
+        return None
+    return stale.norm
+
+
+def trends(records: Sequence[StepRecord], before_step: int, weights: Optional[set[str]] = None,
+           groups: Sequence[Sequence[str]] = ()) -> Trends:
+    """The trends of the rows before ``before_step`` (finite values only). ``weights`` are the
+    layer weights the update/weight ratio is read over (all parameters when None); ``groups``
+    the parameter names of each optimizer."""
     t = Trends([], [], [], [], [], [], [], [])
+    several = len(groups) > 1
     for rec in records:
         if rec.step >= before_step or rec.meta.amp_skipped:
             continue
@@ -81,31 +140,25 @@ def trends(records: Sequence[StepRecord], before_step: int) -> Trends:
         loss = rec.loss
         if loss is not None and math.isfinite(loss):
             t.loss.append((rec.step, loss))
-        if m.backward_calls:
-            g = rec.array("grad_norm").astype(np.float64)
-            if g.size and np.isfinite(g).all():
-                t.grad_norm.append((rec.step, float(np.sqrt((g**2).sum()))))
-        if m.weights_recorded:
-            w = rec.array("param_norm").astype(np.float64)
-            if w.size and np.isfinite(w).all():
-                t.weight_norm.append((rec.step, float(np.sqrt((w**2).sum()))))
-            if m.updates_sampled:
-                u = rec.array("update_norm").astype(np.float64)
-                if u.size and np.isfinite(u).all():
-                    with np.errstate(divide="ignore", invalid="ignore"):
-                        per = np.where(w > 0, u / np.maximum(w, 1e-30), 0.0)
-                    i = int(np.argmax(per))
-                    t.update_ratio.append((rec.step, float(per[i]), rec.keys("update_norm")[i]))
+        grads = rec.fact(GradNorms) if m.backward_calls else None
+        if grads is not None and grads.values.size and np.isfinite(grads.values).all():
+            t.grad_norm.append((rec.step, grads.total))
+        par = rec.fact(WeightNorms)
+        if par is not None and par.values.size and np.isfinite(par.values).all():
+            t.weight_norm.append((rec.step, float(np.sqrt((par.values**2).sum()))))
+        ratios = global_ratios(rec, weights, groups)
+        if ratios:
+            ratio, who = max(ratios)
+            t.update_ratio.append((rec.step, ratio, who))
         lo, hi = rec.array("act.min"), rec.array("act.max")
         touched = hi >= lo
         if touched.any():
             amp = np.maximum(np.abs(lo[touched]), np.abs(hi[touched])).astype(np.float64)
             if np.isfinite(amp).all():
                 t.act_absmax.append((rec.step, float(amp.max())))
-        if m.stale_grads:
-            stale = rec.value("misc", "stale_grad_norm")
-            if stale > 0 or not math.isfinite(stale):
-                t.stale.append((rec.step, stale))
+        stale = _stale(rec, several)
+        if stale is not None:
+            t.stale.append((rec.step, stale))
     return t
 
 
@@ -122,7 +175,8 @@ def _median_growth(series: list[tuple[int, float]], n: int = 3) -> Optional[tupl
 
 def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRecord],
                 before_step: int, band: tuple[float, float] = (1e-7, 0.1),
-                local: str = "") -> list[Cause]:
+                local: str = "", weights: Optional[set[str]] = None,
+                groups: Sequence[Sequence[str]] = ()) -> list[Cause]:
     """Likely causes of a non-finite value at ``before_step``, most likely first.
 
     Args:
@@ -133,8 +187,11 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
         band: the healthy update/weight ratio band (``update_ratio.low``, ``update_ratio.high``).
         local: the sentence describing the boundary's own local cause (a log of 0 in the loss, a
             sqrt at 0 in a backward); it wins when no trend points elsewhere.
+        weights: the layer weights the update/weight ratio is read over (``update_ratio``'s).
+        groups: the parameter names of each optimizer (the ratio and stale gradients are read
+            per optimizer where there are several).
     """
-    t = trends(records, before_step)
+    t = trends(records, before_step, weights, groups)
     causes: list[Cause] = []
 
     # learning rate: the lr itself grew, the updates were too large, and what they feed grew.
@@ -147,11 +204,11 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
         lr_ev["lr_growth"] = g[0]
         lr_txt.append(f"the learning rate grew {g[0]:.3g}x ({g[3]:.3g} at step {g[1]} to {g[4]:.3g} at step {g[2]})")
     if t.update_ratio:
-        step, ratio, param = t.update_ratio[-1]
-        lr_ev["update_ratio"] = {"step": step, "max_ratio": ratio, "param": param, "band": list(band)}
+        step, ratio, who = t.update_ratio[-1]
+        lr_ev["update_ratio"] = {"step": step, "ratio": ratio, "of": who, "band": list(band)}
         if ratio > band[1]:
             lr_score += 2
-            lr_txt.append(f"the update/weight ratio at step {step} was {ratio:.3g} in {param}, above the "
+            lr_txt.append(f"the update/weight ratio of {who} at step {step} was {ratio:.3g}, above the "
                           f"healthy band [{band[0]:.0e}, {band[1]:.3g}]")
     for key, series, lim, what in (("weight_norm_growth", t.weight_norm, _WEIGHT_GROWTH, "the weights' norm"),
                                    ("activation_growth", t.act_absmax, _MAGNITUDE_GROWTH, "the largest activation"),
@@ -193,8 +250,14 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
             "learning_rate", lr_score,
             "the learning rate is too high for this model: " + "; ".join(lr_txt), lr_ev))
 
-    if boundary == "data":
-        causes.insert(0, Cause("data", 100.0, local or "the batch itself was non-finite", {}))
+    where = detail.get("loss_input_nonfinite")
+    if boundary == "data" or where == "target":
+        # where it appeared comes first: no learning rate makes a batch (or a target) non-finite
+        what = "the batch itself was non-finite" if boundary == "data" else (
+            "a target fed to the loss was already non-finite: it comes from the data or its "
+            "preprocessing (a log of 0, a division by a zero count), not from the model")
+        causes.insert(0, Cause("data", 100.0, local if boundary == "data" and local else what,
+                               {"where": boundary if boundary == "data" else "loss target"}))
     else:
         # the boundary's own local cause: likely when nothing in the run was growing
         causes.append(Cause("local_" + boundary, 1.5, local or f"the computation at the {boundary} boundary", {}))

@@ -3,8 +3,15 @@
 What each finding kind means is declared by its producer: a detector's ``next_check`` and
 ``hypothesis`` class attributes (carried by every finding it gives), and :data:`KINDS` below for
 the two kinds no detector gives (``non_finite``, raised at the step; ``shape_mismatch``, a note
-on a shape error). This module only orders findings along the ladder and falls back to each
+on a shape error). This module orders findings along the ladder and falls back to each
 rung's generic check for a finding that names none (one read back from an older file).
+
+Cause over symptom: when one fault triggers several kinds, the kind on the cause side leads. The
+ladder's order already puts most causes first (updates before curves: weights that never move
+come before the loss that does not fall); where it does not (a learning rate too high, on the
+updates rung, makes gradients explode on the gradients rung; accumulating gradients and an
+explosion share a rung), a detector declares what it explains (``Detector.explains``) and
+:func:`lead_order` moves each fault ahead of the faults it explains.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from typing import Optional
 from .._findings import BOUNDARIES, Finding
 
 __all__ = ["BOUNDARY_CHECKS", "BOUNDARY_HYPOTHESES", "HEALTHY_NEXT_CHECK", "KINDS", "KindInfo",
-           "first_failing_boundary", "hypothesis_for", "kind_info", "next_check_for", "sort_key"]
+           "explains", "first_failing_boundary", "hypothesis_for", "kind_info", "lead_order", "next_check_for",
+           "sort_key"]
 
 HEALTHY_NEXT_CHECK = "continue_training_or_collect_more_evidence"
 
@@ -30,6 +38,8 @@ class KindInfo:
     rung: str
     next_check: str
     hypothesis: str
+    #: The kinds whose evidence a fault of this kind accounts for.
+    explains: tuple[str, ...] = ()
 
 
 #: The kinds that no detector gives.
@@ -68,7 +78,7 @@ def _known() -> dict[str, KindInfo]:
 
     known = {k.kind: k for k in KINDS}
     for cls in builtin_detectors():
-        known[cls.kind] = KindInfo(cls.kind, cls.rung, cls.next_check, cls.hypothesis)
+        known[cls.kind] = KindInfo(cls.kind, cls.rung, cls.next_check, cls.hypothesis, tuple(cls.explains))
     return known
 
 
@@ -88,9 +98,36 @@ def first_failing_boundary(findings: Iterable[Finding]) -> Optional[str]:
     return min((f.boundary for f in faults), key=_rank)
 
 
+def explains(cause: str, symptom: str) -> bool:
+    """Whether a fault of kind ``cause`` accounts for the evidence of kind ``symptom``."""
+    info = kind_info(cause)
+    return info is not None and symptom in info.explains
+
+
+def lead_order(findings: Iterable[Finding]) -> list[Finding]:
+    """Findings in ladder order (:func:`sort_key`), then each fault moved ahead of the faults
+    whose kind it explains: the cause leads its symptoms."""
+    ordered = sorted(findings, key=sort_key)
+    for _ in range(len(ordered)):
+        moved = False
+        for i, f in enumerate(ordered):
+            if not f.is_fault:
+                continue
+            first = next((j for j in range(i) if ordered[j].is_fault and explains(f.kind, ordered[j].kind)
+                          and not explains(ordered[j].kind, f.kind)), None)
+            if first is not None:
+                ordered.insert(first, ordered.pop(i))
+                moved = True
+                break
+        if not moved:
+            break
+    return ordered
+
+
 def next_check_for(findings: Iterable[Finding]) -> str:
-    """The next check for the first failing rung: the most severe, earliest finding there."""
-    faults = sorted((f for f in findings if f.is_fault), key=sort_key)
+    """The next check of the leading fault: the first failing rung's most severe, earliest
+    finding, unless another fault explains it (:func:`lead_order`)."""
+    faults = lead_order(f for f in findings if f.is_fault)
     if not faults:
         return HEALTHY_NEXT_CHECK
     first = faults[0]

@@ -7,7 +7,7 @@ import json
 from typing import Any, Optional
 
 from .._findings import BOUNDARIES, Finding
-from .ladder import first_failing_boundary, hypothesis_for, next_check_for, sort_key
+from .ladder import hypothesis_for, lead_order, next_check_for
 from .spikes import LONG_EVIDENCE, spike_timeline
 
 __all__ = ["Report"]
@@ -28,8 +28,10 @@ def _fmt(value: Any) -> str:
 class Report:
     """What the sentinel concluded.
 
-    ``boundary`` is the first failing rung of the ladder (None when healthy), ``next_check`` the
-    action the evidence points to, ``ok`` whether no fault was found.
+    ``boundary`` is the rung of the leading fault (None when healthy): the first failing rung
+    of the ladder, unless a fault on a later rung explains it (cause over symptom:
+    ``ladder.lead_order``); ``next_check`` is that fault's next action, ``ok`` whether no fault
+    was found. Findings are kept in that order: the cause first.
     """
 
     findings: list[Finding]
@@ -37,11 +39,12 @@ class Report:
     notes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.findings = sorted(self.findings, key=sort_key)
+        self.findings = lead_order(self.findings)
 
     @property
     def boundary(self) -> Optional[str]:
-        return first_failing_boundary(self.findings)
+        lead = next((f for f in self.findings if f.is_fault), None)
+        return lead.boundary if lead is not None else None
 
     @property
     def ok(self) -> bool:

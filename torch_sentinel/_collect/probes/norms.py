@@ -143,7 +143,12 @@ class NormsProbe(Probe):
         """Gradients already present before a step's first backward were not cleared."""
         host = self.host
         # Local shards of sharded gradients: finiteness is what matters here, not the global norm.
-        stale = [local(g) for g in dense_grads(host.param_tensors) if g is not None]
+        # Only trainable parameters: a frozen one keeps whatever .grad it last had (an earlier
+        # phase's, e.g. a backbone pretrained and then frozen), which nothing adds to.
+        params = host.param_tensors
+        if not all(map(_REQUIRES_GRAD, params)):  # the usual case in one C-level pass
+            params = [p for p in params if p.requires_grad]
+        stale = [local(g) for g in dense_grads(params) if g is not None]
         host.meta.stale_grads = len(stale)
         stale = [g for g in stale if reduces(g.dtype, g.device)]
         if stale and host.step > 0:

@@ -40,9 +40,12 @@ class UpdateProbe(Probe):
     def __init__(self, norms: NormsProbe) -> None:
         self.norms = norms
         self._shadow: Optional[list[torch.Tensor]] = None
-        self._kept_shadow: Optional[list[torch.Tensor]] = None
-        #: Optimizers that already stepped in the row in progress (kept by the collector).
-        self.stepped: set[int] = set()
+        #: The slots (indices into ``host.param_tensors``) the shadow copies, in its order.
+        self._slots: list[int] = []
+        #: Reused copies, per optimizer (by id).
+        self._kept_shadow: dict[int, list[torch.Tensor]] = {}
+        #: (optimizer id, parameters it holds) -> its slots.
+        self._slots_cache: dict[tuple[int, int], list[int]] = {}
 
     @property
     def update_every(self) -> int:
@@ -55,40 +58,60 @@ class UpdateProbe(Probe):
         self.copy_bytes = sum(nbytes(p) for p in host.param_tensors)
         host.provide(UpdateNorms, _update_norms)
 
-    def _watched(self) -> list[torch.Tensor]:
-        """The parameters whose updates can be measured: a dtype torch cannot subtract or
-        norm (float8) is left out here; the norms probe says so once."""
-        return [p.detach() for p in self.host.param_tensors if reduces(p.dtype, p.device)]
+    def _slots_of(self, optimizer: Optional[torch.optim.Optimizer]) -> list[int]:
+        """The indices (into ``host.param_tensors``) of the watched parameters ``optimizer``
+        holds, whose update a torch op can measure (a dtype torch cannot subtract or norm, float8,
+        is left out; the norms probe says so once). Each optimizer's step is measured on its own
+        parameters, into their own slots: with several optimizers (a GAN's two networks) the
+        row then holds every network's update, not only the last one's with the others at 0."""
+        tensors = self.host.param_tensors
+        key = (id(optimizer), sum(len(g["params"]) for g in optimizer.param_groups) if optimizer is not None else -1)
+        cached = self._slots_cache.get(key)
+        if cached is not None:
+            return cached  # membership changes only through add_param_group (a new count)
+        held: Sequence[int]
+        if optimizer is None:
+            held = range(len(tensors))
+        else:
+            ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            held = [i for i, p in enumerate(tensors) if id(p) in ids]
+        slots = [i for i in held if reduces(tensors[i].dtype, tensors[i].device)]
+        self._slots_cache[key] = slots
+        return slots
 
     def on_pre_step(self, optimizer: torch.optim.Optimizer) -> None:
         every = self.update_every
-        if every and self.host.step % every == 0 and id(optimizer) not in self.stepped:
-            tensors = self._watched()
-            self._shadow = self._copy_of(tensors) if tensors else None
+        if every and self.host.step % every == 0:
+            slots = self._slots_of(optimizer)
+            tensors = [self.host.param_tensors[i].detach() for i in slots]
+            self._slots = slots
+            self._shadow = self._copy_of(id(optimizer), tensors) if tensors else None
 
     def on_post_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._shadow is None:
             return
         host = self.host
         with torch.no_grad():
-            torch._foreach_sub_(self._shadow, self._watched())
-            deltas = iter(self._shadow)
-            full = [next(deltas) if reduces(p.dtype, p.device) else None for p in host.param_tensors]
+            torch._foreach_sub_(self._shadow, [host.param_tensors[i].detach() for i in self._slots])
+            full: list[Optional[torch.Tensor]] = [None] * len(host.param_tensors)
+            for i, delta in zip(self._slots, self._shadow):
+                full[i] = delta
             self.norms.copy_norms(self.block.start, full, self.norms.sharded)
         # DTensor has no _foreach_copy_: sharded models copy afresh.
         keep = self.copy_bytes <= KEEP_UPDATE_COPY_BYTES and not self.norms.sharded
-        self._kept_shadow = self._shadow if keep else None
+        if keep:
+            self._kept_shadow[id(optimizer)] = self._shadow
         self._shadow = None
         host.meta.updates_sampled = True
 
-    def _copy_of(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _copy_of(self, key: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """The weights before the update, for the exact ||dW|| of a sampled step.
 
-        Small models reuse one set of buffers (fresh allocations of a few MB cost page faults on
-        every sampled step); above ``KEEP_UPDATE_COPY_BYTES`` the copy is made and dropped each
-        time, so the memory is held only between the pre- and post-step hooks.
+        Small models reuse one set of buffers per optimizer (fresh allocations of a few MB cost
+        page faults on every sampled step); above ``KEEP_UPDATE_COPY_BYTES`` the copy is made and
+        dropped each time, so the memory is held only between the pre- and post-step hooks.
         """
-        kept = self._kept_shadow
+        kept = self._kept_shadow.get(key)
         if kept is not None and len(kept) == len(tensors) and all(
             k.shape == t.shape and k.dtype == t.dtype and k.device == t.device for k, t in zip(kept, tensors)
         ):
@@ -98,7 +121,7 @@ class UpdateProbe(Probe):
 
     def close(self) -> None:
         self._shadow = None
-        self._kept_shadow = None
+        self._kept_shadow = {}
 
 
 def _update_norms(record: StepRecord) -> Optional[UpdateNorms]:
