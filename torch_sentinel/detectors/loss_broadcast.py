@@ -23,6 +23,7 @@ __all__ = ["LossBroadcastDetector"]
 
 class LossBroadcastDetector(ContractDetector):
     kind = "loss_broadcast"
+    explains = ("plateau",)  # every prediction is pulled toward the batch's mean target
     rung = "shapes"
     next_check = "reshape_target_or_output_to_match"
     hypothesis = "the loss silently broadcasts mismatched shapes"

@@ -79,6 +79,7 @@ class ContractDetector(Detector):
 class InvalidLossInputDetector(ContractDetector):
     kind = "invalid_loss_input"
     rung = "loss"
+    explains = ("diverging", "plateau")  # a loss fed the wrong quantity cannot be minimised as meant
     next_check = "fix_the_loss_input_domain"
     hypothesis = ("the loss is given a quantity outside its input domain (scores for log-probabilities, a rate "
                   "for a log-rate, classes on another dim)")
@@ -88,6 +89,7 @@ class InvalidLossInputDetector(ContractDetector):
 class InvalidTargetDetector(ContractDetector):
     kind = "invalid_target"
     rung = "data"
+    explains = ("diverging", "plateau")  # targets outside the loss's domain: no sane minimum to reach
     next_check = "inspect_targets_against_the_loss"
     hypothesis = "the targets are outside the loss's target domain (scale, sign convention, format)"
     thresholds = _THRESHOLDS

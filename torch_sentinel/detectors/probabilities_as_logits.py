@@ -25,6 +25,7 @@ LOSS_SIDE = ["probabilities_as_logits", "loss_broadcast", "invalid_loss_input", 
 
 class ProbabilitiesAsLogitsDetector(ContractDetector):
     kind = "probabilities_as_logits"
+    explains = ("plateau", "vanishing_gradient")  # a second softmax squashes the gradient
     rung = "loss"
     next_check = "feed_logits_to_the_loss"
     hypothesis = "the loss applies softmax/sigmoid a second time"
