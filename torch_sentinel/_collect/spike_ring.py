@@ -1,13 +1,18 @@
 """The spike ring: the optimizer's per-parameter figures of the last K steps, kept on the device.
 
-Row ``step % K`` of a preallocated ``[K, 4, P]`` float32 tensor receives, at each optimizer
+Row ``step % K`` of a preallocated ``[K, 3, P]`` float32 tensor receives, at each optimizer
 step, for every watched parameter: the update norm ``||W_after - W_before||`` (exact: a copy of
 the weights is taken at the pre-step), the weight norm after the update, and for Adam-family
-optimizers the L2 norm of ``exp_avg`` and the sum (L1 norm) of ``exp_avg_sq``. Per step that is
-one ``_foreach_copy_`` at the pre-step, then one ``_foreach_sub_``, two ``_foreach_norm`` (L2
-over updates, weights and ``exp_avg``; L1 over ``exp_avg_sq``), their stacks and one row
-write: a fixed count of launches whatever the number of modules. Nothing is read on the host
-until a spike asks for the ring (:meth:`SpikeRing.read`, cold path).
+optimizers the sum (L1 norm) of ``exp_avg_sq``. Per step that is one ``_foreach_copy_`` at the
+pre-step, then one ``_foreach_sub_``, one ``_foreach_norm`` over updates and weights together
+(stacked straight into the row), and the sums of ``exp_avg_sq`` (one ``_foreach_norm`` of order
+1 on accelerators): a fixed count of launches whatever the number of modules. Nothing is read
+on the host until a spike asks for the ring (:meth:`SpikeRing.read`, cold path).
+
+Only what the forensics read is kept: the norm of ``exp_avg`` was dropped (no rule read it; it
+was a third of the post-step's reads). The per-step host work is a few list operations: the
+parameters go to the foreach ops as they are (under ``no_grad``, no ``detach`` per tensor), and
+the lazy-parameter check runs until every parameter is materialised, then never again.
 
 The sum of ``exp_avg_sq`` is kept rather than its minimum: over a weight matrix the minimum
 belongs to its least-used element (0 for an embedding's unseen rows; 6x noisier than the sum
@@ -22,6 +27,7 @@ The gradient norms are not in the ring: every step's row already carries them to
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from typing import Optional
 
@@ -34,8 +40,10 @@ from .transfer import AsyncFetch
 
 __all__ = ["RING_STATS", "RingLayout", "SpikeRing", "unit_layout"]
 
+_SHAPE = operator.attrgetter("shape")
+
 #: The rows of each ring entry, in order.
-RING_STATS = ("update", "weight", "exp_avg", "exp_avg_sq")
+RING_STATS = ("update", "weight", "exp_avg_sq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,25 +120,33 @@ class _Plan:
         #: The step whose weights ``shadow`` holds (-1: none): an update is measured only
         #: against the copy taken at the same step's pre-step.
         self.copied = -1
-        self._states: Optional[tuple[list[torch.Tensor], list[torch.Tensor]]] = None
+        #: The parameters' shapes when ``shadow`` was made.
+        self.shapes: list[torch.Size] = []
+        #: Whether every parameter is materialised (lazy modules: once true, it stays true).
+        self.ready = False
+        self._second: Optional[list[torch.Tensor]] = None
         self._state_key: tuple[int, int] = (-1, -1)
 
-    def adam_state(self) -> Optional[tuple[list[torch.Tensor], list[torch.Tensor]]]:
-        """``(exp_avg, exp_avg_sq)`` per parameter, or None for optimizers without them. The
-        lists are kept across steps; a new state (load_state_dict, a parameter's first step)
-        rebuilds them."""
+    def materialized(self) -> bool:
+        if not self.ready:
+            self.ready = all(materialized(p) for p in self.params)
+        return self.ready
+
+    def second_moments(self) -> Optional[list[torch.Tensor]]:
+        """``exp_avg_sq`` per parameter, or None for optimizers without it. The list is kept
+        across steps; a new state (load_state_dict, a parameter's first step) rebuilds it."""
         state = self.optimizer.state
         first = state.get(self.params[0]) if self.params else None
-        key = (len(state), id(first.get("exp_avg")) if first else 0)
+        key = (len(state), id(first.get("exp_avg_sq")) if first else 0)
         if key != self._state_key:
             self._state_key = key
             entries = [state.get(p) or {} for p in self.params]
             if not any("exp_avg_sq" in e for e in entries):
-                self._states = None
+                self._second = None
             else:
                 empty = self.params[0].new_zeros(())
-                self._states = ([e.get("exp_avg", empty) for e in entries], [e.get("exp_avg_sq", empty) for e in entries])
-        return self._states
+                self._second = [e.get("exp_avg_sq", empty) for e in entries]
+        return self._second
 
 
 class SpikeRing:
@@ -160,44 +176,42 @@ class SpikeRing:
 
     def before_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         plan = self.plans.get(id(optimizer))
-        if plan is None or not plan.params or not self.exact_updates:
+        if plan is None or not plan.params or not self.exact_updates or not plan.materialized():
             return
-        if not all(materialized(p) for p in plan.params):
-            return
-        current = [p.detach() for p in plan.params]
-        if plan.shadow is None or any(s.shape != p.shape for s, p in zip(plan.shadow, current)):
-            plan.shadow = [p.clone() for p in current]
-        else:
-            torch._foreach_copy_(plan.shadow, current)
+        params = plan.params
+        with torch.no_grad():
+            shapes = list(map(_SHAPE, params))
+            if plan.shadow is None or shapes != plan.shapes:
+                plan.shadow = [p.detach().clone() for p in params]
+                plan.shapes = shapes
+            else:
+                torch._foreach_copy_(plan.shadow, params)
         plan.copied = step
 
     def after_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         plan = self.plans.get(id(optimizer))
-        if plan is None or not plan.params or not all(materialized(p) for p in plan.params):
+        if plan is None or not plan.params or not plan.materialized():
             return
         row = self.ring[step % self.steps, :, plan.cols]
-        weights = [p.detach() for p in plan.params]
-        l2 = list(weights)
+        weights = plan.params
         have_update = self.exact_updates and plan.shadow is not None and plan.copied == step
-        if have_update:
-            assert plan.shadow is not None
-            torch._foreach_sub_(plan.shadow, weights)  # W_before - W_after: the update's norm
-            l2 = plan.shadow + l2
-        elif self.exact_updates:
-            row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
-        state = plan.adam_state()
-        if state is not None:
-            l2 = l2 + state[0]
-        n = len(weights)
-        first = 0 if have_update else 1
-        stacked_norms(l2, 2, out=row[first : first + len(l2) // n])
-        if state is not None:
-            stacked_sums(state[1], out=row[3])
+        with torch.no_grad():
+            if have_update:
+                assert plan.shadow is not None
+                torch._foreach_sub_(plan.shadow, weights)  # W_before - W_after: the update's norm
+                stacked_norms(plan.shadow + weights, 2, out=row[0:2])
+            else:
+                if self.exact_updates:
+                    row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
+                stacked_norms(weights, 2, out=row[1])
+            second = plan.second_moments()
+            if second is not None:
+                stacked_sums(second, out=row[2])
         self.row_steps[id(optimizer)][step % self.steps] = step
 
     def read(self) -> tuple[np.ndarray, dict[int, np.ndarray]]:
         """The ring on the host, and the step each row holds per optimizer (cold path: one copy
-        of ``K x 4 x P`` floats, waited for)."""
+        of ``K x 3 x P`` floats, waited for)."""
         fetch = AsyncFetch([self.ring])
         values = fetch.result(block=True)
         assert values is not None

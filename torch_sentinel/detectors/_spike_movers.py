@@ -30,10 +30,10 @@ __all__ = ["DEPART", "LOGITS", "RISING", "STATS", "Mover", "SpikeWindow", "basel
            "per_unit", "transform"]
 
 #: The per-unit series a window may hold (each ``[T, U]``, nan where a unit has none).
-STATS = ("grad", "update", "weight", "exp_avg", "exp_avg_sq", "attention_logit", "output_lse")
+STATS = ("grad", "update", "weight", "exp_avg_sq", "attention_logit", "output_lse")
 
 #: Series compared in log space (norms, sums of squares: they move by factors).
-LOG_STATS = frozenset({"grad", "update", "weight", "exp_avg", "exp_avg_sq"})
+LOG_STATS = frozenset({"grad", "update", "weight", "exp_avg_sq"})
 #: The smallest spread a baseline is given, per series (log units for norms: 0.2 is about 20%;
 #: a fraction of the level for logits), so a baseline that happened to be flat over a few steps
 #: does not make noise look like a departure. Set on the tuning split's clean runs: over windows
@@ -41,7 +41,7 @@ LOG_STATS = frozenset({"grad", "update", "weight", "exp_avg", "exp_avg_sq"})
 #: floors (gradients: 1.1 in log units at most; updates: 1.7, the embeddings' row-sparse ones;
 #: the largest attention logit, a max over positions: 12 at a level of 9; the output
 #: log-sum-exp: 1.6 at a level of 7).
-FLOOR = {"grad": 0.2, "update": 0.3, "weight": 0.01, "exp_avg": 0.2, "exp_avg_sq": 0.2,
+FLOOR = {"grad": 0.2, "update": 0.3, "weight": 0.01, "exp_avg_sq": 0.2,
           "attention_logit": 0.25, "output_lse": 0.06}
 #: Which series can reveal a first mover (weights are judged by the corruption rule: a healthy
 #: weight norm drifts too smoothly for a baseline of a few steps to judge), with their order

@@ -4,7 +4,7 @@ A ``loss_spike`` finding carries, in ``evidence["series"]``, the steps of its lo
 and, for its top movers, their gradient, update and weight norms and the series that moved
 first. They are written at their own steps under ``spike/<step>/``:
 ``spike/<step>/loss`` and ``spike/<step>/<module>/<series>`` (``grad_norm``, ``update_norm``,
-``weight_norm``, ``exp_avg_norm``, ``exp_avg_sq_sum``, ``attention_logit``, ``output_lse``), so
+``weight_norm``, ``exp_avg_sq_sum``, ``attention_logit``, ``output_lse``), so
 TensorBoard draws the first mover leaving its baseline before the loss jumps.
 """
 
@@ -23,7 +23,6 @@ SERIES_TAGS = {
     "grad": "grad_norm",
     "update": "update_norm",
     "weight": "weight_norm",
-    "exp_avg": "exp_avg_norm",
     "exp_avg_sq": "exp_avg_sq_sum",
     "attention_logit": "attention_logit",
     "output_lse": "output_lse",

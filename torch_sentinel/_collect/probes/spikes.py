@@ -2,8 +2,8 @@
 
 Two places, by what each figure needs:
 
-- the spike ring (``spike_ring.py``): per parameter, the update, weight, ``exp_avg`` and
-  ``exp_avg_sq`` norms of the last K steps, written at the optimizer's pre- and post-step and
+- the spike ring (``spike_ring.py``): per parameter, the update and weight norms and the
+  sum of ``exp_avg_sq`` of the last K steps, written at the optimizer's pre- and post-step and
   read on the host only when a spike is seen (cold path);
 - the step's ledger row, which reaches the host every step anyway: each attention module's
   largest logit (``spike_attn``), the output logits' log-sum-exp (``spike_out``) and the
