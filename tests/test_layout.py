@@ -18,10 +18,7 @@ NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make"}
 MAX_LINES = 400
 
 #: Modules over MAX_LINES lines.
-LONG_MODULES_ALLOWED = {
-    # issue 22: one sink; the per-module tag schedule and the hparams/text writers can move out
-    "sinks/tensorboard.py",
-}
+LONG_MODULES_ALLOWED: set[str] = set()
 
 #: Import cycles (each a set of modules, as the strongly connected component they form).
 CYCLES_ALLOWED: set[frozenset[str]] = set()

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from helpers import Scale
 from torch import nn
 
 import torch_sentinel
@@ -30,17 +31,6 @@ class Opaque:
 
     def __init__(self, logits: torch.Tensor) -> None:
         self.logits = logits
-
-
-class Scale(nn.Module):
-    """Multiplies by a buffer: the buffer going NaN makes this layer emit NaN from finite inputs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("factor", torch.ones(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.factor
 
 
 class Net(nn.Module):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Scale
 from torch import nn
 from torch._dynamo.utils import counters
 from userscript import events
@@ -26,17 +27,6 @@ pytestmark = pytest.mark.inductor
 
 NAN_STEP = 11
 CONSTANT_FEATURE = 3
-
-
-class Scale(nn.Module):
-    """Multiplies by a buffer; the buffer going NaN makes this layer emit NaN from finite inputs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("factor", torch.ones(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.factor
 
 
 class Net(nn.Module):

@@ -17,6 +17,7 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -51,6 +52,17 @@ def make(beta2: float = 0.95, lr: float = 3e-3) -> tuple[GPT, torch.optim.Optimi
     model = GPT(CFG)
     opt = torch.optim.AdamW(param_groups(model), lr=lr, betas=(0.9, beta2), weight_decay=0.1)
     return model, opt
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    """The cases were set, like the benchmark, on one intra-op thread. With two, the reduction
+    order moves the trajectory: the attention-logits case then gets cause 'unknown' (its figure
+    on the held-out benchmark is 9/10, not 10/10), so the thread count is part of the case."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from typing import Callable
 
 import pytest
 import torch
+from helpers import Scale
 from torch import nn
 
 import torch_sentinel
@@ -18,15 +19,6 @@ import torch_sentinel
 PACKAGE = os.path.dirname(os.path.abspath(torch_sentinel.__file__)) + os.sep
 #: issue 22: at most 5 frames of sentinel code under the user's line.
 MAX_OURS = 5
-
-
-class Scale(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.register_buffer("factor", torch.ones(()))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.factor
 
 
 def _custom() -> nn.Module:

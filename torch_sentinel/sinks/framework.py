@@ -14,7 +14,7 @@ from typing import Optional
 
 from .._findings import Finding
 from .._record import StepRecord
-from .tensorboard import StepScalars
+from .step_scalars import StepScalars
 
 __all__ = ["METRICS", "FrameworkSink"]
 
@@ -81,5 +81,7 @@ class FrameworkSink:
             elif tag.startswith("nonfinite/"):
                 nonfinite += value
         out["sentinel/nonfinite"] = nonfinite
-        out["sentinel/findings"] = float(self.findings_total if findings_total is None else findings_total)
+        out["sentinel/findings"] = float(
+            self.findings_total if findings_total is None else findings_total
+        )
         return out

@@ -34,7 +34,7 @@ def precision_scalars(row: PrecisionRow, module: str) -> Iterator[tuple[str, flo
 
     Args:
         row: the row.
-        module: the module's name as tags spell it (``tensorboard.module_tag``).
+        module: the module's name as tags spell it (``step_scalars.module_tag``).
     """
     prefix = f"precision/{row.format}/{module}/" + ("grad/" if row.tensor == "gradient" else "")
     for name in PRECISION_FIGURES:

@@ -127,7 +127,11 @@ class ModuleSchedule:
             # A fault found inside a hook arrives before its step's record: that record and
             # the ones before it, still on their way, are written in full when they arrive.
             self._fault_until = max(self._fault_until, last)
-        out = [r for r in self._held if (last is None and r.step > self._last_full) or self._around_fault(r.step)]
+        out = [
+            r
+            for r in self._held
+            if (last is None and r.step > self._last_full) or self._around_fault(r.step)
+        ]
         if out:
             self._last_full = out[-1].step
         self._held = collections.deque(r for r in self._held if r.step > self._last_full)

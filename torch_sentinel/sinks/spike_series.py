@@ -32,7 +32,11 @@ SERIES_TAGS = {
 def spike_scalars(finding: Finding) -> Iterator[tuple[int, str, float]]:
     """``(step, tag, value)`` for every finite figure of a ``loss_spike`` finding's series."""
     series: Any = finding.evidence.get("series") if finding.kind == "loss_spike" else None
-    if not isinstance(series, dict) or not isinstance(series.get("steps"), list) or finding.step is None:
+    if (
+        not isinstance(series, dict)
+        or not isinstance(series.get("steps"), list)
+        or finding.step is None
+    ):
         return
     steps = series["steps"]
     prefix = f"spike/{finding.step}"
@@ -45,7 +49,9 @@ def spike_scalars(finding: Finding) -> Iterator[tuple[int, str, float]]:
             module = name or "<model>"
             for stat, points in values.items():
                 if isinstance(points, list):
-                    yield from _points(steps, f"{prefix}/{module}/{SERIES_TAGS.get(stat, stat)}", points)
+                    yield from _points(
+                        steps, f"{prefix}/{module}/{SERIES_TAGS.get(stat, stat)}", points
+                    )
 
 
 def _points(steps: list[Any], tag: str, values: list[Any]) -> Iterator[tuple[int, str, float]]:
