@@ -15,7 +15,8 @@ under ``torch.compile``. Per tensor (float32 after an exact upcast of half and f
 row does neither.
 
 On CPU a fresh output of a few MB costs page faults on every op, as much as the op itself:
-there the intermediates go into a :class:`Workspace` the caller keeps for one sampled step.
+there the intermediates go into a :class:`Workspace` the caller keeps (see ``probe.py``), and
+the counts come from ``bincount`` (on CPU its output size is a memory load, not a device read).
 """
 
 from __future__ import annotations
@@ -100,5 +101,12 @@ def add_histogram(t: torch.Tensor, row: torch.Tensor, tables: DeviceTables,
         torch.ge(bits, above, out=above)
         torch.index_select(tables.base, 0, key, out=index)
         index += above
+        if index.device.type == "cpu":
+            # Eager CPU: bincount counts the same bins 20% faster than index_add_'s scatter (its
+            # size comes from the largest bin on the host, a memory load there; never used on an
+            # accelerator, where that size is a device-to-host read). ``index < bins`` always.
+            row[: tables.bins] += torch.bincount(index, minlength=tables.bins)
+            torch.maximum(row[tables.bins], bits.amax(), out=row[tables.bins])
+            return
     row[: tables.bins].index_add_(0, index, tables.one.expand(index.numel()))
     torch.maximum(row[tables.bins], bits.amax(), out=row[tables.bins])
