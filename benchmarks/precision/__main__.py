@@ -54,6 +54,10 @@ def to_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {r['model']} | {label} | {e['steps']} ({e['sampled_steps']}) | {e['bare_ms']:.1f} | "
                          f"{e['precision_vs_sentinel']:.3f} | {e['sentinel_vs_bare']:.3f} | "
                          f"{e['precision_vs_bare']:.3f} | {extra} |")
+    lines += ["", "The two phases differ in how often a step is sampled, not in what a sample costs (the last "
+              "column): the first 100 steps sample all of steps 0-9 and then every tenth (19 steps), the steady "
+              "state one step in 50 (`_collect/cadence.py`, the schedule every sampling probe shares). The first "
+              "phase's ratio is the one a short run pays; a long run's average tends to the steady state's."]
     d = results["device_cost"]
     lines += ["", f"**Device cost** of one tensor ({d['numel']:,} float32 elements, one CPU thread, median of "
               "interleaved rounds):", "", "| what | ns per element |", "|---|---|"]
