@@ -347,6 +347,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--no-launches", dest="launches", action="store_false")
     p.add_argument("--no-calls", dest="calls", action="store_false")
+    p.add_argument("--calls-models", default=",".join(TIME_TARGETS), help="workloads whose Python calls are counted")
     p.add_argument("--quick", action="store_true", help="smoke run: a few steps, nothing written")
     p.add_argument("--out", default=RESULTS_DIR)
     args = p.parse_args(argv)
@@ -369,7 +370,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{name}: bare {r['bare']['median_ms']:.2f} ms; "
                   + "; ".join(f"{v} {_fmt(r[v])}" for v in VARIANTS[1:]), flush=True)
     if args.calls:
-        for name in models:
+        for name in args.calls_models.split(","):
             results["calls"][name] = c = python_calls(name, 2 if args.quick else 50, 12 if args.quick else WARMUP)
             print(f"{name}: python calls per step {c}", flush=True)
     if args.launches:
