@@ -308,7 +308,7 @@ class NormsProbe(Probe):
         hv = host.ledger.host_view
         assert hv is not None
         row = hv[start : start + len(tensors)]
-        zeros = (row == 0).nonzero()[0].tolist()
+        zeros: list[int] = (row == 0).nonzero()[0].tolist()
         if not zeros:
             return
         # float32 tensors (a vanishing gradient: hundreds of slots, every step): one
