@@ -215,7 +215,7 @@ def gpt2_4() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
 
     cfg = transformers.GPT2Config(
         n_layer=4, n_embd=32, n_head=4, vocab_size=128, n_positions=16, bos_token_id=0, eos_token_id=0,
-        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0, loss_type="ForCausalLM",
+        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0,
     )
     model = transformers.GPT2LMHeadModel(cfg)
     g = torch.Generator().manual_seed(0)
