@@ -1,7 +1,7 @@
 """The sentinel's fixed cost per step: the four figures of issue 22 item 7 in one run.
 
     python -m benchmarks.fixed_cost                 # CPU: about 4 minutes on 2 cores
-    python -m benchmarks.fixed_cost --quick         # smoke run (a few steps), nothing written
+    python -m benchmarks.fixed_cost --quick         # smoke run (a few steps), written only with --out
 
 Timing (``--models``, default ``stack10,mlp,stack500``): the bare loop, the **empty-hooks floor**
 and the sentinel default (every detector on, ``check="auto"``), with and without TensorBoard
@@ -348,8 +348,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--no-launches", dest="launches", action="store_false")
     p.add_argument("--no-calls", dest="calls", action="store_false")
     p.add_argument("--calls-models", default=",".join(TIME_TARGETS), help="workloads whose Python calls are counted")
-    p.add_argument("--quick", action="store_true", help="smoke run: a few steps, nothing written")
-    p.add_argument("--out", default=RESULTS_DIR)
+    p.add_argument("--quick", action="store_true", help="smoke run: a few steps, written only with --out")
+    p.add_argument("--out", default=None, help=f"where the results go (default {RESULTS_DIR})")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -380,11 +380,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results["targets"] = targets(results)
     md = to_markdown(results)
     print(md)
-    if not args.quick:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "fixed-cost-cpu.json"), "w") as f:
+    out = args.out if args.out is not None else (None if args.quick else RESULTS_DIR)
+    if out is not None:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "fixed-cost-cpu.json"), "w") as f:
             json.dump(results, f, indent=1)
-        with open(os.path.join(args.out, "fixed-cost-cpu.md"), "w") as f:
+        with open(os.path.join(out, "fixed-cost-cpu.md"), "w") as f:
             f.write(md)
     return 0
 
