@@ -76,6 +76,7 @@ LABELS = {
 TIME_TARGETS = {"stack10": 1.3, "mlp": 1.05, "stack500": 1.15}
 LAUNCH_TARGET = 0.5
 WARMUP = 110
+MAX_ROUNDS = 2000
 Step = Callable[[], None]
 
 
@@ -150,14 +151,13 @@ def time_model(name: str, seconds: float, workdir: str, warmup: int = WARMUP) ->
     for t in trainers.values():
         for _ in range(warmup):
             t.step()
-    t0 = time.perf_counter()
-    trainers["bare"].step()
-    bare_s = time.perf_counter() - t0
-    rounds = max(8, min(2000, int(seconds / max(bare_s * len(VARIANTS) * 1.3, 1e-6))))
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     order = list(VARIANTS)
-    for r in range(rounds):
-        k = r % len(order)
+    start, rounds = time.perf_counter(), 0
+    # At least 8 rounds; then until ``seconds`` have passed (at most MAX_ROUNDS).
+    while rounds < 8 or (rounds < MAX_ROUNDS and time.perf_counter() - start < seconds):
+        k = rounds % len(order)
+        rounds += 1
         for v in order[k:] + order[:k]:
             t = trainers[v]
             t0 = time.perf_counter()
