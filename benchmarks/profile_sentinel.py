@@ -1,6 +1,6 @@
 """Where the sentinel's time goes on each model: Python in its hooks vs the tensor ops they launch.
 
-    python -m benchmarks.profile_sentinel [--models mlp,cnn,transformer] [--steps 10]
+    python -m benchmarks.profile_sentinel [--models mlp,cnn,transformer,stack10] [--steps 10] [--warmup 110]
 
 Two views of the same steps, sentinel default against the bare loop:
 
@@ -39,22 +39,30 @@ __all__ = ["main"]
 PACKAGE_DIR = os.path.dirname(torch_sentinel.__file__)
 #: The ways into the sentinel from the training loop.
 ENTRY_POINTS = (
-    "_on_root_inputs",
-    "_on_output",
-    "_on_output_grad",
-    "before_backward",
-    "_on_pre_step",
-    "_on_post_step",
+    "on_root_inputs",  # ForwardEvents: the root's forward pre-hook
+    "on_output",  # ForwardEvents: a hooked module's output (the root's on every step)
+    "on_root_exit",
+    "_on_output_grad",  # a watched output's gradient in backward
+    "before_backward",  # BackwardEvents, through the torch.autograd.backward patch
+    "after_backward",
+    "on_pre_step",  # OptimizerEvents: the optimizer's step pre-hook (norms, spike ring, ...)
+    "on_post_step",  # OptimizerEvents: the step post-hook (the row closes)
     "close_row",
     "drain",
-    "_on_record",
+    "_on_record",  # Sentinel: a landed record (the detectors' window every flush_every)
     "_flush_window",
+    "_on_enter",  # ShapeWatch: the root's entry
+    "_on_exit",
 )
 
 
 class Trainer:
     def __init__(self, name: str, device: torch.device, sentinel: bool) -> None:
-        self.w = bench_models.build(name, device)
+        if name.startswith("stack"):  # stack10, stack500: the scaling table's Linear/Tanh stacks
+            torch.manual_seed(0)
+            self.w = bench_models.deep_stack(device, int(name[len("stack"):]))
+        else:
+            self.w = bench_models.build(name, device)
         self.opt = torch.optim.AdamW(self.w.model.parameters(), lr=1e-4)
         self.sentinel = torch_sentinel.attach(self.w.model, self.opt) if sentinel else None
         self.i = 0
@@ -98,11 +106,11 @@ def _op_view(t: Trainer, steps: int) -> Counter[str]:
     return Counter({e.key: e.self_cpu_time_total / 1e3 for e in prof.key_averages()})  # ms
 
 
-def profile_model(name: str, device: torch.device, steps: int) -> str:
+def profile_model(name: str, device: torch.device, steps: int, warmup: int = 110) -> str:
     bare, sent = Trainer(name, device, False), Trainer(name, device, True)
     try:
         for t in (bare, sent):
-            t.run(3)
+            t.run(warmup)
         py_bare = _python_view(bare, steps)
         py = _python_view(sent, steps)
         ops_bare, ops = _op_view(bare, steps), _op_view(sent, steps)
@@ -110,7 +118,7 @@ def profile_model(name: str, device: torch.device, steps: int) -> str:
         sent.close()
     per_step = 1e3 / steps
     lines = [
-        f"### {name}: {bare.w.description}",
+        f"### {name}: {bare.w.description}, steps {warmup}-{warmup + steps - 1}",
         "",
         f"Under cProfile: bare {py_bare['total_s'] * per_step:.1f} ms/step, sentinel {py['total_s'] * per_step:.1f} ms/step.",
         "",
@@ -141,6 +149,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     p.add_argument("--models", default="mlp,cnn,transformer")
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=110,
+                   help="steps before the profile: past 100, one sampled step in fifty (a long run's steady state)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--out", default=RESULTS_DIR)
     a = p.parse_args(argv)
@@ -153,7 +163,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ]
     for name in a.models.split(","):
         print(f"[profile] {name} ...", file=sys.stderr, flush=True)
-        sections.append(profile_model(name, device, a.steps))
+        sections.append(profile_model(name, device, a.steps, a.warmup))
     text = "\n".join(sections)
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "profile-cpu.md")

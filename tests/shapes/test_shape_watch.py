@@ -20,7 +20,7 @@ from torch import nn
 
 import torch_sentinel
 from torch_sentinel.shapes.notes import ShapeNotes
-from torch_sentinel.shapes.watch import FEW_CHILDREN, ShapeWatch
+from torch_sentinel.shapes.watch import ShapeWatch
 
 
 class Unflatten8(nn.Module):
@@ -75,8 +75,9 @@ def test_a_shape_error_at_a_later_step_gets_the_same_full_note_as_at_step_0() ->
     assert later_evidence == first_evidence
 
 
-def test_ordinary_steps_carry_no_per_module_note_hook() -> None:
-    model = nn.Sequential(*[m for _ in range(FEW_CHILDREN) for m in (nn.Linear(8, 8), nn.Tanh())])
+@pytest.mark.parametrize("pairs", [3, 16], ids=["small-root", "large-root"])
+def test_ordinary_steps_carry_no_per_module_note_hook(pairs: int) -> None:
+    model = nn.Sequential(*[m for _ in range(pairs) for m in (nn.Linear(8, 8), nn.Tanh())])
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with torch_sentinel.attach(model, opt):
         for _ in range(3):
@@ -213,8 +214,9 @@ def test_children_the_loop_calls_directly_get_the_full_note() -> None:
                    if m is not gan.netG and m is not gan.netD)
 
 
-def test_a_loop_that_calls_the_children_of_a_large_root_gets_their_hooks_back() -> None:
-    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(FEW_CHILDREN + 4)])
+@pytest.mark.parametrize("children", [3, 20], ids=["small-root", "large-root"])
+def test_a_loop_that_calls_the_children_of_a_root_gets_their_hooks_back(children: int) -> None:
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(children)])
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with torch_sentinel.attach(model, opt):
         _step(model, opt, torch.randn(2, 4))

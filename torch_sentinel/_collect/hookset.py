@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 import sys
 import weakref
 from typing import Any, Callable
@@ -44,6 +45,11 @@ class HookSet:
         self._listeners: list[PatchListener] = []
         #: Each patch once (several listeners may subscribe to one).
         self._distinct: list[Patch] = []
+        #: Where each distinct patch's wrapper was at the last check, and the wrapper found
+        #: there: :meth:`ensure_patches` compares the two lists in one C-level pass.
+        self._namespaces: list[Any] = []
+        self._attrs: list[str] = []
+        self._wrappers: list[Any] = []
 
     def add(self, handle: RemovableHandle) -> RemovableHandle:
         self._handles.append(handle)
@@ -59,11 +65,26 @@ class HookSet:
         self._listeners.append(listener)
         if patch not in self._distinct:
             self._distinct.append(patch)
+        self._snapshot()
+
+    def _snapshot(self) -> None:
+        self._namespaces = [p.namespace for p in self._distinct]
+        self._attrs = [p.attr for p in self._distinct]
+        self._wrappers = [p.wrapper for p in self._distinct]
 
     def ensure_patches(self) -> int:
         """Re-install any of our patches that another library removed; how many it had to.
-        Called before every root forward: one attribute read per distinct patch."""
-        return sum(patch.ensure() for patch in self._distinct)
+        Called before every root forward and optimizer step. The usual case, every wrapper
+        where it was, is one C-level pass (``map`` of item lookups, no Python frame per
+        patch); otherwise each patch checks itself (:meth:`Patch.ensure`)."""
+        try:
+            if all(map(operator.is_, map(operator.getitem, self._namespaces, self._attrs), self._wrappers)):
+                return 0
+        except KeyError:  # a wrapper on a class, taken off it: the slow path puts it back
+            pass
+        fixed = sum(patch.ensure() for patch in self._distinct)
+        self._snapshot()
+        return fixed
 
     def __len__(self) -> int:
         return len(self._handles) + len(self._patches)
@@ -85,6 +106,7 @@ class HookSet:
                 errors.append(exc)
         self._listeners.clear()
         self._distinct.clear()
+        self._snapshot()
         if errors:
             raise errors[0]
 

@@ -52,6 +52,11 @@ class Patch:
         #: The owner's namespace (a live view), where an installed wrapper sits.
         self._namespace: Any = getattr(owner, "__dict__", {})
 
+    @property
+    def namespace(self) -> Any:
+        """The owner's namespace (a live view), where an installed wrapper sits."""
+        return self._namespace
+
     # -- the wrapper ------------------------------------------------------------------------
     def _make_wrapper(self, original: Callable[..., Any]) -> Callable[..., Any]:
         listeners = self.listeners

@@ -53,7 +53,7 @@ class StepRecord:
     learning rates, AMP); :meth:`fact` returns the typed facts of the probes.
     """
 
-    __slots__ = ("_cache", "_sources", "blocks", "meta", "values")
+    __slots__ = ("_cache", "_loss", "_sources", "blocks", "meta", "values")
 
     def __init__(self, meta: StepMeta, values: np.ndarray, blocks: dict[str, SlotRange],
                  sources: Optional[FactSources] = None) -> None:
@@ -62,6 +62,8 @@ class StepRecord:
         self.blocks = blocks
         self._sources = sources
         self._cache: dict[type, object] = {}
+        #: The training loss once read (a dozen detectors read it per record).
+        self._loss: object = _NOT_READ
 
     @property
     def step(self) -> int:
@@ -114,11 +116,17 @@ class StepRecord:
         """The training loss of this step: the explicit one when given, else the sum of the
         losses that ``backward()`` was called on (so ``(loss / k).backward()`` over k
         micro-batches records the mean)."""
-        if self.meta.loss_explicit:
-            return self.value("loss", "explicit")
-        if self.meta.backward_calls:
-            return self.value("loss", "auto")
-        return None
+        got = self._loss
+        if got is _NOT_READ:
+            meta = self.meta
+            if meta.loss_explicit:
+                got = self.value("loss", "explicit")
+            elif meta.backward_calls:
+                got = self.value("loss", "auto")
+            else:
+                got = None
+            self._loss = got
+        return got  # type: ignore[return-value]
 
     @property
     def validation(self) -> Optional[float]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import weakref
 from typing import Any, Literal, Optional
 
 import numpy as np
@@ -113,6 +114,13 @@ def noise_band(values: np.ndarray) -> float:
     return 1.4826 * mad / math.sqrt(2.0)
 
 
+#: Each LossHistory's span() and noise() results since its last loss, by (since, until): a
+#: verdict asks for the same span several times (plateau: three spans and two noise bands every
+#: fifth loss). Kept outside the instance, so a checkpoint of the history never holds them.
+_MEMOS: weakref.WeakKeyDictionary[LossHistory, dict[tuple[str, Optional[int], Optional[int]], Any]] = \
+    weakref.WeakKeyDictionary()
+
+
 class LossHistory:
     """The training loss of recent steps (finite values, AMP-skipped steps left out), and the
     statistics the dynamics verdicts read."""
@@ -138,6 +146,7 @@ class LossHistory:
             return
         self._steps.append(record.step)
         self._values.append(loss)
+        _MEMOS.pop(self, None)
         self.count += 1
         if self.first is None:
             self.first = (record.step, loss)
@@ -150,7 +159,16 @@ class LossHistory:
         return self._steps[-1] if self._steps else None
 
     def span(self, since: Optional[int] = None, until: Optional[int] = None) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, losses) with ``since <= step <= until``."""
+        """(steps, losses) with ``since <= step <= until`` (read-only arrays, shared by the
+        callers until the next loss is added)."""
+        key = ("span", since, until)
+        memo = self._memos()
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = self._span(since, until)
+        return got
+
+    def _span(self, since: Optional[int], until: Optional[int]) -> tuple[np.ndarray, np.ndarray]:
         steps = np.fromiter(self._steps, dtype=np.int64, count=len(self._steps))
         values = np.fromiter(self._values, dtype=np.float64, count=len(self._values))
         keep = np.ones(len(steps), dtype=bool)
@@ -158,10 +176,23 @@ class LossHistory:
             keep &= steps >= since
         if until is not None:
             keep &= steps <= until
-        return steps[keep], values[keep]
+        steps, values = steps[keep], values[keep]
+        steps.flags.writeable = values.flags.writeable = False
+        return steps, values
 
     def noise(self, since: Optional[int] = None, until: Optional[int] = None) -> float:
-        return noise_band(self.span(since, until)[1])
+        key = ("noise", since, until)
+        memo = self._memos()
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = noise_band(self.span(since, until)[1])
+        return got
+
+    def _memos(self) -> dict[tuple[str, Optional[int], Optional[int]], Any]:
+        memo = _MEMOS.get(self)
+        if memo is None:
+            memo = _MEMOS[self] = {}
+        return memo
 
     @staticmethod
     def window(n: int) -> int:

@@ -6,7 +6,6 @@ A layer is a module with weights (Linear, Conv, RNN cells); its figures are thos
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -53,6 +52,7 @@ class LayerPlan:
     def __init__(self, keys: Sequence[str], layers: list[tuple[str, list[str]]], module_names: Sequence[str]) -> None:
         self.keys = keys
         self.layers = layers
+        self.names = [layer for layer, _ in layers]
         self._index = {k: i for i, k in enumerate(keys)}
         self.param_idx = np.array([self._index[p] for _, params in layers for p in params], dtype=np.int64)
         self.layer_of = np.array([i for i, (_, params) in enumerate(layers) for _ in params], dtype=np.int64)
@@ -76,7 +76,9 @@ class LayerPlan:
         n = len(self.layers)
         sq = np.bincount(owners, weights=vals * vals, minlength=n)
         positive = np.bincount(owners[vals > 0], minlength=n) > 0
-        return [(self.layers[i][0], math.sqrt(sq[i])) for i in np.flatnonzero(positive).tolist()]
+        # C-level passes: on a 500-module stack this runs for 250 layers per record, twice.
+        idx = positive.nonzero()[0]
+        return list(zip(map(self.names.__getitem__, idx.tolist()), np.sqrt(sq[idx]).tolist()))
 
     def output_amplitudes(self, outgrads: OutputGradients) -> tuple[np.ndarray, np.ndarray]:
         """(layer indices touched this step, in order; their largest |output gradient|)."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import operator
 from collections.abc import Iterable
 from typing import ClassVar, Optional
 
@@ -60,6 +61,8 @@ from ._layers import LayerPlan, is_layer_weight, layers
 from .base import Detector, Threshold
 
 __all__ = ["ExplodingGradientDetector", "LayerDepths", "VanishingGradientDetector"]
+
+_VALUE = operator.itemgetter(1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +142,7 @@ class _GradientScale(Detector):
             if len(self._first_totals) < self.min_steps:
                 self._first_totals.append((record.step, total))
             self._totals.append((record.step, total))
-        if len(norms) >= 3 and all(math.isfinite(v) for _, v in norms):
+        if len(norms) >= 3 and all(map(math.isfinite, map(_VALUE, norms))):
             (fl, f), (ll, last) = self._ends(norms)
             ratio = f / last if last > 0 else math.inf
             self._ratios.append((record.step, ratio, f, last, fl, ll))

@@ -22,10 +22,14 @@ So on its steps the model carries only hooks on its entry (:class:`ShapeWatch`):
   says that the producers were not traced.
 
 Modules called directly from the loop (a container whose children the loop calls, e.g. a GAN's
-``netG``/``netD``) have no root forward: their top-level children are entries too. A root with
-few children keeps those hooks for good (a GAN container); a root with many (an
-``nn.Sequential`` of layers) loses them at its first forward, and gets them back for good if a
-step ever closes without a training forward of the root.
+``netG``/``netD``) have no root forward: their top-level children are entries too. They are
+hooked from attach; a root whose forward the loop calls loses those hooks at its first forward
+(each would cost two Python calls per child per step, and take the child off ``nn.Module``'s
+hook-free fast path: on a 10-layer ``nn.Sequential`` 20 calls a step, for notes of calls that
+never come), and gets them back for good if a step ever closes without a training forward of
+the root (a GAN container never calls its root: its hooks stay from the start). A loop that calls
+the root and, in the same step, a child directly gets the traceback's note for the child's
+shape error (without its producers).
 
 Under ``torch.distributed`` a forward with collectives in it (SyncBatchNorm, FSDP, DTensor
 parameters) is not run again on one rank: the note is made from the traceback.
@@ -62,9 +66,6 @@ from .notes import Annotation, ShapeNotes, mark_seen, seen, worth_a_note
 __all__ = ["ShapeWatch", "install_shape_notes", "module_calls"]
 
 logger = logging.getLogger("torch_sentinel")
-
-#: A root with at most this many top-level children keeps their entry hooks on every step.
-FEW_CHILDREN = 16
 
 _OOM: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
@@ -124,8 +125,9 @@ class ShapeWatch(Probe):
         self._host: Optional[ProbeHost] = None
         children = [slot for slot, (name, _) in enumerate(notes.modules) if name and "." not in name]
         self._children = children
-        #: Whether the children's entry hooks stay on even when the root is called.
-        self.children_for_good = len(children) <= FEW_CHILDREN
+        #: Whether the children's entry hooks stay on even when the root is called (set once a
+        #: step closed without a training forward of the root).
+        self.children_for_good = False
         # Not prepended: after the collector's pre-hook (registered at install, before this), so
         # the RNG state is the one the collector's rerun and the incident recorder share.
         hooks.add(root.register_forward_pre_hook(ModuleHook(self._on_enter, 0), with_kwargs=True))

@@ -286,7 +286,8 @@ class NormsProbe(Probe):
         hv = host.ledger.host_view
         assert hv is not None
         row = hv[start : start + len(tensors)]
-        for i in np.flatnonzero(np.isposinf(row)).tolist():
+        # Every step: C methods only (np.isposinf and np.flatnonzero are Python functions).
+        for i in (row == _POS_INF).nonzero()[0].tolist():
             t = tensors[i]
             if t is not None and all_finite(t):
                 row[i] = FLOAT_MAX
@@ -307,7 +308,7 @@ class NormsProbe(Probe):
         hv = host.ledger.host_view
         assert hv is not None
         row = hv[start : start + len(tensors)]
-        zeros = np.flatnonzero(row == 0).tolist()
+        zeros: list[int] = (row == 0).nonzero()[0].tolist()
         if not zeros:
             return
         # float32 tensors (a vanishing gradient: hundreds of slots, every step): one
@@ -349,6 +350,7 @@ _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 _FLOAT32 = {torch.float32}
+_POS_INF = np.inf
 
 
 def _grad_norms(record: StepRecord) -> Optional[GradNorms]:
