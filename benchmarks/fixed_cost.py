@@ -201,7 +201,7 @@ Build = Callable[[], tuple[nn.Module, Callable[[int], torch.Tensor]]]
 
 
 def stack100() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
-    """100 modules: Linear(16)/Tanh pairs, batch 4 (as tests/collect/test_launches.py)."""
+    """100 modules: Linear(16)/Tanh pairs, batch 4 (also the model of tests/collect/test_launches.py)."""
     model = nn.Sequential(*[nn.Linear(16, 16) if i % 2 == 0 else nn.Tanh() for i in range(100)])
     g = torch.Generator().manual_seed(0)
     xs = [torch.randn(4, 16, generator=g) for _ in range(2)]

@@ -14,7 +14,9 @@ launches to save and CPU ``_foreach`` kernels are slower than ``aminmax``.
 
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -24,6 +26,11 @@ from torch import nn
 import torch_sentinel
 from torch_sentinel._collect import batch
 from torch_sentinel.testing import count_launches
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+from benchmarks.fixed_cost import gpt2_4, stack100  # noqa: E402
 
 #: What the sentinel adds now, per module per step (deferred mode, the accelerator default).
 #: Issue 13 measured 0.90 (stack) and 1.46 (GPT-2) with one reduction per module; the target was
@@ -36,25 +43,14 @@ Build = Callable[[], tuple[nn.Module, Callable[[int], torch.Tensor]]]
 
 
 def _stack() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
-    """100 modules: Linear(16)/Tanh pairs, where per-module costs dominate."""
-    model = nn.Sequential(*[nn.Linear(16, 16) if i % 2 == 0 else nn.Tanh() for i in range(100)])
-    g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(4, 16, generator=g) for _ in range(2)]
-    ys = [torch.randn(4, 16, generator=g) for _ in range(2)]
-    return model, lambda i: nn.functional.mse_loss(model(xs[i % 2]), ys[i % 2])
+    """100 modules: Linear(16)/Tanh pairs, where per-module costs dominate (the benchmark's)."""
+    return stack100()
 
 
 def _gpt2() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
-    """A 4-layer HF GPT-2 from a config (no download), 60 modules."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.GPT2Config(
-        n_layer=4, n_embd=32, n_head=4, vocab_size=128, n_positions=16, bos_token_id=0, eos_token_id=0,
-        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0,
-    )
-    model = transformers.GPT2LMHeadModel(cfg)
-    g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(0, 128, (2, 12), generator=g) for _ in range(2)]
-    return model, lambda i: model(ids[i % 2], labels=ids[i % 2]).loss
+    """A 4-layer HF GPT-2 from a config (no download), 60 modules (the benchmark's)."""
+    pytest.importorskip("transformers")
+    return gpt2_4()
 
 
 def added_launches_per_module(build: Build, warm: int = 10, steps: int = 10, check: str = "deferred",
