@@ -1,5 +1,6 @@
 import torch
 from torch import nn
+
 import torch_sentinel
 
 torch.manual_seed(0)
@@ -11,7 +12,10 @@ sentinel = torch_sentinel.attach(model, opt, log_dir="runs/mlp")
 for step in range(300):
     x = torch.randn(64, 16)
     loss = nn.functional.cross_entropy(model(x), (x @ teacher).argmax(1))
-    opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    sched.step()
     if step % 20 == 19:
         with torch.no_grad():
             xv = torch.randn(256, 16)
