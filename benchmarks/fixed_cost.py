@@ -224,25 +224,29 @@ def gpt2_4() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
 
 
 def added_launches(build: Build, fused: bool, check: str, disable: frozenset[str] = frozenset(),
-                   warm: int = WARMUP, steps: int = 50) -> dict[str, Any]:
-    """(sentinel - bare) launching ops per module per step, and the ops added per step."""
+                   warm: int = WARMUP, steps: int = 50, **options: Any) -> dict[str, Any]:
+    """(sentinel - bare) launching ops per module per step, and the ops added per step.
+    ``options`` go to ``attach()`` (``flush_every=1000``: steps without a flush, as the unit
+    test of the launch counts reads them). Also used by ``tests/collect/test_launches.py``."""
 
     def count(attach: bool, warm: int, steps: int) -> tuple[float, int, dict[str, int]]:
         torch.manual_seed(0)
         model, loss_at = build()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        s = torch_sentinel.attach(model, opt, check=check, disable=disable) if attach else None
+        s = torch_sentinel.attach(model, opt, check=check, disable=disable, **options) if attach else None
 
         def step(i: int) -> None:
             opt.zero_grad()
             loss_at(i).backward()
             opt.step()
 
-        for i in range(warm):
-            step(i)
-        with count_launches() as c:
-            for i in range(warm, warm + steps):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i in range(warm):
                 step(i)
+            with count_launches() as c:
+                for i in range(warm, warm + steps):
+                    step(i)
         if s is not None:
             s.detach()
         return c.count / steps, sum(1 for _ in model.modules()), dict(c.ops)

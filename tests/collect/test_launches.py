@@ -15,7 +15,6 @@ launches to save and CPU ``_foreach`` kernels are slower than ``aminmax``.
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,14 +22,12 @@ import pytest
 import torch
 from torch import nn
 
-import torch_sentinel
-from torch_sentinel._collect import batch
 from torch_sentinel.testing import count_launches
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-from benchmarks.fixed_cost import gpt2_4, stack100  # noqa: E402
+from benchmarks.fixed_cost import added_launches, gpt2_4, stack100  # noqa: E402
 
 #: What the sentinel adds now, per module per step (deferred mode, the accelerator default).
 #: Issue 13 measured 0.90 (stack) and 1.46 (GPT-2) with one reduction per module; the target was
@@ -55,35 +52,10 @@ def _gpt2() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
 
 def added_launches_per_module(build: Build, warm: int = 10, steps: int = 10, check: str = "deferred",
                               disable: frozenset[str] = frozenset()) -> tuple[float, int, dict[str, Any]]:
-    """(sentinel - bare) launching ops per module per step, and the module count. The bare
-    loop launches the same ops every step, so two of its steps give its per-step count."""
-
-    def count(attach: bool, warm: int, steps: int) -> tuple[float, int, Any]:
-        torch.manual_seed(0)
-        model, loss_at = build()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        s = torch_sentinel.attach(model, opt, check=check, flush_every=1000, disable=disable) if attach else None
-
-        def step(i: int) -> None:
-            opt.zero_grad()
-            loss_at(i).backward()
-            opt.step()
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for i in range(warm):
-                step(i)
-            with count_launches() as c:
-                for i in range(warm, warm + steps):
-                    step(i)
-        if s is not None:
-            s.detach()
-        return c.count / steps, sum(1 for _ in model.modules()), {k: v / steps for k, v in c.ops.items()}
-
-    bare, modules, bare_ops = count(False, 1, 2)
-    sentinel, _, ops = count(True, warm, steps)
-    added = {k: ops[k] - bare_ops.get(k, 0) for k in ops if ops[k] != bare_ops.get(k, 0)}
-    return (sentinel - bare) / modules, modules, added
+    """(sentinel - bare) launching ops per module per step, the module count and the ops added
+    per step, on steps without a flush (the benchmark's counter, on the fused path)."""
+    r = added_launches(build, True, check, disable, warm=warm, steps=steps, flush_every=1000)
+    return r["per_module"], r["modules"], r["ops"]
 
 
 def test_the_counter_leaves_out_views_detach_and_allocations() -> None:
@@ -100,8 +72,7 @@ def test_the_counter_leaves_out_views_detach_and_allocations() -> None:
 
 @pytest.mark.parametrize("check", ["deferred", "immediate"], ids=["deferred", "immediate"])
 @pytest.mark.parametrize("name", list(LIMITS), ids=list(LIMITS))
-def test_launching_ops_added_per_module_per_step(name: str, check: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(batch, "FUSED_ON_CPU", True)
+def test_launching_ops_added_per_module_per_step(name: str, check: str) -> None:
     build = {"stack100": _stack, "gpt2-4": _gpt2}[name]
     # The loss_spike probe's launches are per step, not per module: see the next test.
     per_module, modules, added = added_launches_per_module(build, check=check, disable=frozenset({"loss_spike"}))
@@ -124,9 +95,8 @@ SPIKE_LAUNCHES = {"stack100": 6, "stack50": 6, "gpt2-4": 6 + 2 * 4 + 2 + 2}
 
 
 @pytest.mark.parametrize("name", list(SPIKE_LAUNCHES), ids=list(SPIKE_LAUNCHES))
-def test_the_loss_spike_probe_adds_a_fixed_count_per_step(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_loss_spike_probe_adds_a_fixed_count_per_step(name: str) -> None:
     """Whatever the number of modules, the ring costs the same per step."""
-    monkeypatch.setattr(batch, "FUSED_ON_CPU", True)
     build = {"stack100": _stack, "stack50": _stack50, "gpt2-4": _gpt2}[name]
     with_probe, modules, _ = added_launches_per_module(build)
     without, _, _ = added_launches_per_module(build, disable=frozenset({"loss_spike"}))
