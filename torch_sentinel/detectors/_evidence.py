@@ -37,6 +37,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 
 from .._record import StepRecord
+from ._robust import mad_sigma
 
 __all__ = ["FAST_Z", "RISE_Z", "SLOW_Z", "LossHistory", "Support", "noise_band", "standard_errors"]
 
@@ -110,8 +111,7 @@ def noise_band(values: np.ndarray) -> float:
     if len(values) < 4:
         return math.nan
     d = np.diff(values)
-    mad = float(np.median(np.abs(d - np.median(d))))
-    return 1.4826 * mad / math.sqrt(2.0)
+    return mad_sigma(d, float(np.median(d))) / math.sqrt(2.0)
 
 
 #: Each LossHistory's span() and noise() results since its last loss, by (since, until): a

@@ -26,6 +26,8 @@ from typing import Optional
 
 import numpy as np
 
+from ._robust import mad_sigma
+
 __all__ = ["DEPART", "LOGITS", "RISING", "STATS", "Mover", "SpikeWindow", "baseline", "deviation_at", "movers",
            "per_unit", "transform"]
 
@@ -58,7 +60,6 @@ RISING_LOGIT = 1.0
 CLIMB = 2
 BASELINE_MIN = 4
 BASELINE_MAX = 8
-MAD_TO_SIGMA = 1.4826
 
 
 @dataclasses.dataclass
@@ -141,7 +142,7 @@ def departure(y: np.ndarray, stat: str, base: slice, last: int) -> Optional[tupl
     if len(b) < 2:
         return None
     med = float(np.median(b))
-    spread = float(np.median(np.abs(b - med))) * MAD_TO_SIGMA
+    spread = mad_sigma(b, med)
     floor = FLOOR[stat] if stat in LOG_STATS else FLOOR[stat] * max(abs(med), 1.0)
     z = (y - med) / max(spread, floor)
     if stat == "output_lse":
@@ -207,5 +208,5 @@ def deviation_at(window: SpikeWindow, stat: str, unit: int, t: int) -> float:
     if len(b) < 2 or not np.isfinite(y[t]):
         return math.nan
     med = float(np.median(b))
-    spread = max(float(np.median(np.abs(b - med))) * MAD_TO_SIGMA, FLOOR[stat])
+    spread = max(mad_sigma(b, med), FLOOR[stat])
     return float((y[t] - med) / spread)

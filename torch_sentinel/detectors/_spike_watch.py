@@ -17,10 +17,9 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["LossSpike", "RobustLossWatch"]
+from ._robust import mad_sigma
 
-#: 1.4826 * MAD estimates the standard deviation of normal data.
-MAD_TO_SIGMA = 1.4826
+__all__ = ["LossSpike", "RobustLossWatch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +58,7 @@ class RobustLossWatch:
         if len(self._recent) >= self.warmup:
             history = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
             median = float(np.median(history))
-            mad = float(np.median(np.abs(history - median))) * MAD_TO_SIGMA
+            mad = mad_sigma(history, median)
             scale = max(mad, self.floor * abs(median), 1e-12)
             z = (loss - median) / scale
             self.last_z = z
