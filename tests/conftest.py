@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,6 +21,17 @@ def model_kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(params=["immediate", "deferred"], ids=["immediate", "deferred"])
 def check_mode(request: pytest.FixtureRequest) -> str:
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored() -> Iterator[None]:
+    """No test leaves torch's intra-op thread count changed for the tests after it (the
+    benchmarks' entry points set it, as a command line should): a test that depends on the
+    count sets it itself, and passes or fails the same alone and in the suite."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture
