@@ -1,5 +1,6 @@
-"""The spike ring holds, per step and parameter, the exact update and weight norms and the sum of Adam's exp_avg_sq,
-row ``step % K``; the units group parameters by module and param group."""
+"""The spike ring holds, per step and parameter, the update and weight norms and the sum of Adam's exp_avg_sq,
+row ``step % K`` (exact for parameters up to ``SAMPLE`` elements; larger ones have their update and exp_avg_sq
+measured on a fixed sample, their weight norm whole); the units group parameters by module and param group."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from torch_sentinel._collect.spike_ring import RING_STATS, SpikeRing, unit_layout
+from torch_sentinel._collect.spike_ring import (
+    RING_STATS,
+    SAMPLE,
+    SpikeRing,
+    sample_stride,
+    unit_layout,
+)
 
 
 def _model_and_opt(kind: str) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -71,3 +78,67 @@ def test_units_split_a_module_only_across_param_groups() -> None:
     assert layout.units == ("a[g0]", "a[g1]", "b", "attn")
     assert layout.unit_of == (0, 1, 2, 2)
     assert layout.unit_lr == ("g0", "g1", "g0", None)
+
+
+def _big_model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(1000, 64), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 1000))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+
+
+def _lm_step(model: nn.Module, opt: torch.optim.Optimizer, ring: SpikeRing, step: int) -> None:
+    ids = torch.randint(0, 1000, (8, 16))
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+    ring.before_update(opt, step)
+    opt.step()
+    ring.after_update(opt, step)
+
+
+def test_large_parameters_are_sampled_and_scaled_to_their_whole_size() -> None:
+    model, opt = _big_model()
+    params = list(model.parameters())
+    assert [sample_stride(p) > 1 for p in params] == [True, True, False, True, False]
+    ring = SpikeRing(torch.device("cpu"), [opt], params, steps=4)
+    for step in range(5):
+        before = [p.detach().clone() for p in params]
+        _lm_step(model, opt, ring, step)
+    update = np.array([float((p.detach() - b).norm()) for p, b in zip(params, before)])
+    weight = np.array([float(p.detach().norm()) for p in params])
+    second = np.array([float(opt.state[p]["exp_avg_sq"].sum()) for p in params])
+    values, _ = ring.read()
+    row = values[4 % 4]
+    np.testing.assert_allclose(row[1], weight, rtol=1e-5)  # every element, always
+    np.testing.assert_allclose(row[0], update, rtol=0.05)  # a sample of at most SAMPLE elements
+    np.testing.assert_allclose(row[2], second, rtol=0.1)
+    small = [i for i, p in enumerate(params) if p.numel() <= SAMPLE]
+    np.testing.assert_allclose(row[0][small], update[small], rtol=1e-5)  # small ones whole, exact
+
+
+def test_one_corrupted_element_shows_in_the_weight_norm_but_not_the_update() -> None:
+    """The corruption rule compares the two: the weight norm must see every element."""
+    model, opt = _big_model()
+    params = list(model.parameters())
+    ring = SpikeRing(torch.device("cpu"), [opt], params, steps=4)
+    _lm_step(model, opt, ring, 0)
+    stride = sample_stride(params[3])
+    with torch.no_grad():
+        params[3].view(-1)[stride // 2] *= 2.0**40  # between two sampled elements
+    _lm_step(model, opt, ring, 1)
+    values, _ = ring.read()
+    assert values[1, 1, 3] > 1e6 * values[0, 1, 3]
+    assert values[1, 0, 3] < 10 * values[0, 0, 3]
+
+
+def test_a_swapped_parameter_storage_is_measured_where_it_now_lives() -> None:
+    model, opt = _big_model()
+    params = list(model.parameters())
+    ring = SpikeRing(torch.device("cpu"), [opt], params, steps=4)
+    _lm_step(model, opt, ring, 0)
+    with torch.no_grad():
+        params[1].data = params[1].data.clone()  # e.g. a wrapper that re-materialises weights
+    before = params[1].detach().clone()
+    _lm_step(model, opt, ring, 1)
+    values, _ = ring.read()
+    exact = float((params[1].detach() - before).norm())
+    assert values[1, 0, 1] == pytest.approx(exact, rel=0.05)

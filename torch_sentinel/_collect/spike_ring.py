@@ -1,18 +1,26 @@
 """The spike ring: the optimizer's per-parameter figures of the last K steps, kept on the device.
 
 Row ``step % K`` of a preallocated ``[K, 3, P]`` float32 tensor receives, at each optimizer
-step, for every watched parameter: the update norm ``||W_after - W_before||`` (exact: a copy of
-the weights is taken at the pre-step), the weight norm after the update, and for Adam-family
-optimizers the sum (L1 norm) of ``exp_avg_sq``. Per step that is one ``_foreach_copy_`` at the
-pre-step, then one ``_foreach_sub_``, one ``_foreach_norm`` over updates and weights together
-(stacked straight into the row), and the sums of ``exp_avg_sq`` (one ``_foreach_norm`` of order
-1 on accelerators): a fixed count of launches whatever the number of modules. Nothing is read
-on the host until a spike asks for the ring (:meth:`SpikeRing.read`, cold path).
+step, for every watched parameter: the update norm ``||W_after - W_before||``, the weight norm
+after the update, and for Adam-family optimizers the sum of ``exp_avg_sq``. Nothing is read on
+the host until a spike asks for the ring (:meth:`SpikeRing.read`, cold path).
 
-Only what the forensics read is kept: the norm of ``exp_avg`` was dropped (no rule read it; it
-was a third of the post-step's reads). The per-step host work is a few list operations: the
-parameters go to the foreach ops as they are (under ``no_grad``, no ``detach`` per tensor), and
-the lazy-parameter check runs until every parameter is materialised, then never again.
+**One pass over the weights a step.** The weight norm reads every element: a flipped exponent
+bit in one element is what it must see. The update norm and the sum of ``exp_avg_sq`` are
+measured on a fixed systematic sample: every ``s``-th element of a parameter of more than
+:data:`SAMPLE` elements (``s`` odd, so a sample walks across the columns of a power-of-two
+row), scaled to the parameter's size at :meth:`SpikeRing.read`; smaller parameters are measured
+whole, exactly. An update norm from a sample needs a copy of the sample only (``P x SAMPLE``
+floats, whatever the model's size), where an exact one needed a copy of every weight and four
+more passes over it; the forensics compare each figure with its own past, and the sample is the
+same elements every step. Per step: one ``_foreach_copy_`` at the pre-step, then one
+``_foreach_sub_``, one ``_foreach_norm`` over update samples and weights together (stacked
+straight into the row), one ``_foreach_norm`` of order 1 over the ``exp_avg_sq`` samples and
+its stack: a fixed count of launches whatever the number of modules.
+
+The samples are views, taken again at every pre- and post-step (a few microseconds per large
+parameter): an optimizer or wrapper that swaps a parameter's storage is measured on the new one.
+The lazy-parameter check runs until every parameter is materialised, then never again.
 
 The sum of ``exp_avg_sq`` is kept rather than its minimum: over a weight matrix the minimum
 belongs to its least-used element (0 for an embedding's unseen rows; 6x noisier than the sum
@@ -34,16 +42,39 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .spike_stats import stacked_norms, stacked_sums
-from .tensors import materialized, nbytes, reduces
+from .spike_stats import stacked_norms
+from .tensors import materialized, reduces
 from .transfer import AsyncFetch
 
-__all__ = ["RING_STATS", "RingLayout", "SpikeRing", "unit_layout"]
+__all__ = ["RING_STATS", "SAMPLE", "RingLayout", "SpikeRing", "sample_stride", "unit_layout"]
 
 _SHAPE = operator.attrgetter("shape")
 
 #: The rows of each ring entry, in order.
 RING_STATS = ("update", "weight", "exp_avg_sq")
+
+#: Parameters of more than this many elements have their update and ``exp_avg_sq`` measured on
+#: a systematic sample of at most this many (see the module docstring).
+SAMPLE = 2048
+
+
+def sample_stride(t: torch.Tensor) -> int:
+    """The stride of ``t``'s sample: 1 (the whole tensor) up to :data:`SAMPLE` elements or when
+    ``t`` is not contiguous (no flat view of it), else an odd stride giving at most ``SAMPLE``."""
+    n = t.numel()
+    if n <= SAMPLE or not t.is_contiguous():
+        return 1
+    return -(-n // SAMPLE) | 1
+
+
+def _sampled(tensors: Sequence[torch.Tensor], strides: Sequence[int]) -> list[torch.Tensor]:
+    return [t if s == 1 else t.view(-1)[::s] for t, s in zip(tensors, strides)]
+
+
+def _scales(whole: Sequence[torch.Tensor], samples: Sequence[torch.Tensor]) -> np.ndarray:
+    """Per tensor, its element count over its sample's: what a sampled sum of squares is
+    multiplied by to stand for the whole tensor's."""
+    return np.array([w.numel() / max(s.numel(), 1) for w, s in zip(whole, samples)], dtype=np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,19 +142,25 @@ def unit_layout(params: Sequence[str], owners: Sequence[str], groups: Sequence[O
 class _Plan:
     """One optimizer's watched parameters, their ring columns and their state tensors."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], start: int, copy: bool) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, params: list[torch.Tensor], start: int) -> None:
         self.optimizer = optimizer
         self.params = params
         self.cols = slice(start, start + len(params))
-        self.copy = copy
+        #: A copy of the parameters' samples, taken at the pre-step.
         self.shadow: Optional[list[torch.Tensor]] = None
-        #: The step whose weights ``shadow`` holds (-1: none): an update is measured only
+        #: The step whose samples ``shadow`` holds (-1: none): an update is measured only
         #: against the copy taken at the same step's pre-step.
         self.copied = -1
-        #: The parameters' shapes when ``shadow`` was made.
+        #: The parameters' shapes when ``strides`` were chosen, and each one's sample stride.
         self.shapes: list[torch.Size] = []
+        self.strides: list[int] = []
+        #: Per column, the factor from a sample's sum of squares (or of ``exp_avg_sq``) to the
+        #: whole parameter's.
+        self.update_scale = np.ones(len(params))
+        self.second_scale = np.ones(len(params))
         #: Whether every parameter is materialised (lazy modules: once true, it stays true).
         self.ready = False
+        #: The samples of ``exp_avg_sq`` (views, kept with the state they view).
         self._second: Optional[list[torch.Tensor]] = None
         self._state_key: tuple[int, int] = (-1, -1)
 
@@ -132,9 +169,22 @@ class _Plan:
             self.ready = all(materialized(p) for p in self.params)
         return self.ready
 
+    def samples(self) -> list[torch.Tensor]:
+        """The parameters' samples (views); new strides when a parameter's shape changed."""
+        shapes = list(map(_SHAPE, self.params))
+        if shapes != self.shapes:
+            self.shapes = shapes
+            self.strides = [sample_stride(p) for p in self.params]
+            self.shadow = None
+            samples = _sampled(self.params, self.strides)
+            self.update_scale = _scales(self.params, samples)
+            return samples
+        return _sampled(self.params, self.strides)
+
     def second_moments(self) -> Optional[list[torch.Tensor]]:
-        """``exp_avg_sq`` per parameter, or None for optimizers without it. The list is kept
-        across steps; a new state (load_state_dict, a parameter's first step) rebuilds it."""
+        """The samples of ``exp_avg_sq`` per parameter, or None for optimizers without it. The
+        list is kept across steps; a new state (load_state_dict, a parameter's first step)
+        rebuilds it."""
         state = self.optimizer.state
         first = state.get(self.params[0]) if self.params else None
         key = (len(state), id(first.get("exp_avg_sq")) if first else 0)
@@ -145,7 +195,10 @@ class _Plan:
                 self._second = None
             else:
                 empty = self.params[0].new_zeros(())
-                self._second = [e.get("exp_avg_sq", empty) for e in entries]
+                second = [e.get("exp_avg_sq", empty) for e in entries]
+                strides = [sample_stride(v) for v in second]
+                self._second = _sampled(second, strides)
+                self.second_scale = _scales(second, self._second)
         return self._second
 
 
@@ -153,7 +206,7 @@ class SpikeRing:
     """The device ring (see the module docstring). Host bookkeeping: which step each row holds."""
 
     def __init__(self, device: torch.device, optimizers: Sequence[torch.optim.Optimizer],
-                 watched: Sequence[torch.Tensor], steps: int = 32, copy_limit_bytes: int = 256 << 20) -> None:
+                 watched: Sequence[torch.Tensor], steps: int = 32) -> None:
         self.steps = steps
         self.device = device
         watched_ids = {id(p) for p in watched}
@@ -164,11 +217,8 @@ class SpikeRing:
             params = [p for g in opt.param_groups for p in g["params"]
                       if id(p) in watched_ids and id(p) not in seen and reduces(p.dtype, p.device)]
             seen.update(id(p) for p in params)
-            self.plans[id(opt)] = _Plan(opt, params, len(self.columns), copy=True)
+            self.plans[id(opt)] = _Plan(opt, params, len(self.columns))
             self.columns.extend(params)
-        #: Exact update norms need a copy of the weights between the pre- and post-step; above
-        #: this size they are left out (nan) rather than doubling the model's memory.
-        self.exact_updates = sum(nbytes(p) for p in self.columns) <= copy_limit_bytes
         self.ring = torch.full((steps, len(RING_STATS), len(self.columns)), float("nan"), device=device)
         #: The step each row holds (-1: none yet), per optimizer: an optimizer that did not step
         #: leaves its columns of that row as they were.
@@ -176,16 +226,14 @@ class SpikeRing:
 
     def before_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
         plan = self.plans.get(id(optimizer))
-        if plan is None or not plan.params or not self.exact_updates or not plan.materialized():
+        if plan is None or not plan.params or not plan.materialized():
             return
-        params = plan.params
+        samples = plan.samples()
         with torch.no_grad():
-            shapes = list(map(_SHAPE, params))
-            if plan.shadow is None or shapes != plan.shapes:
-                plan.shadow = [p.detach().clone() for p in params]
-                plan.shapes = shapes
+            if plan.shadow is None:
+                plan.shadow = [t.detach().clone(memory_format=torch.contiguous_format) for t in samples]
             else:
-                torch._foreach_copy_(plan.shadow, params)
+                torch._foreach_copy_(plan.shadow, samples)
         plan.copied = step
 
     def after_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
@@ -194,28 +242,32 @@ class SpikeRing:
             return
         row = self.ring[step % self.steps, :, plan.cols]
         weights = plan.params
-        have_update = self.exact_updates and plan.shadow is not None and plan.copied == step
+        samples = plan.samples()
+        have_update = plan.shadow is not None and plan.copied == step
         with torch.no_grad():
             if have_update:
                 assert plan.shadow is not None
-                torch._foreach_sub_(plan.shadow, weights)  # W_before - W_after: the update's norm
+                torch._foreach_sub_(plan.shadow, samples)  # W_before - W_after on the sample
                 stacked_norms(plan.shadow + weights, 2, out=row[0:2])
             else:
-                if self.exact_updates:
-                    row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
+                row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
                 stacked_norms(weights, 2, out=row[1])
             second = plan.second_moments()
             if second is not None:
-                stacked_sums(second, out=row[2])
+                stacked_norms(second, 1, out=row[2])  # a sum: exp_avg_sq is non-negative
         self.row_steps[id(optimizer)][step % self.steps] = step
 
     def read(self) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-        """The ring on the host, and the step each row holds per optimizer (cold path: one copy
-        of ``K x 3 x P`` floats, waited for)."""
+        """The ring on the host, its samples scaled to whole parameters, and the step each row
+        holds per optimizer (cold path: one copy of ``K x 3 x P`` floats, waited for)."""
         fetch = AsyncFetch([self.ring])
-        values = fetch.result(block=True)
-        assert values is not None
-        return values[0].copy(), {k: v.copy() for k, v in self.row_steps.items()}
+        fetched = fetch.result(block=True)
+        assert fetched is not None
+        values = fetched[0].astype(np.float64)
+        for plan in self.plans.values():
+            values[:, 0, plan.cols] *= np.sqrt(plan.update_scale)
+            values[:, 2, plan.cols] *= plan.second_scale
+        return values, {k: v.copy() for k, v in self.row_steps.items()}
 
     def close(self) -> None:
         for plan in self.plans.values():

@@ -14,10 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import batch
-
-__all__ = ["ATTENTION_POSITIONS", "max_attention_logit", "mean_logsumexp", "mha_max_logit", "stacked_norms",
-           "stacked_sums"]
+__all__ = ["ATTENTION_POSITIONS", "max_attention_logit", "mean_logsumexp", "mha_max_logit", "stacked_norms"]
 
 #: A 0-d zero per (device, dtype): ``baddbmm``'s ignored input (beta=0), so the scores cost one
 #: launch and no allocation op.
@@ -132,17 +129,3 @@ def stacked_norms(tensors: list[torch.Tensor], ord: float, out: Optional[torch.T
             norms[i] = n.float()
     stacked = torch.stack([n for n in norms if n is not None])
     return stacked if dest is None else dest.copy_(stacked.view(dest.shape))
-
-
-def stacked_sums(tensors: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
-    """The sums of non-negative ``tensors`` (Adam's ``exp_avg_sq``) into ``out``, float32. On
-    an accelerator one ``_foreach_norm`` of order 1 (a sum, the values being non-negative: one
-    launch); on CPU one ``sum`` per tensor, which runs at a sum's bandwidth where CPU's order-1
-    ``_foreach_norm`` takes the slow path (2.3x slower on the benchmark GPT). ``batch.FUSED_ON_CPU``
-    (the launch-count tests) takes the accelerator's path on CPU too."""
-    if tensors and tensors[0].device.type == "cpu" and not batch.FUSED_ON_CPU:
-        sums = [t.sum(dtype=torch.float32) for t in tensors]
-        if out.is_contiguous():
-            return torch.stack(sums, out=out.view(-1))
-        return out.copy_(torch.stack(sums).view(out.shape))
-    return stacked_norms(tensors, 1, out=out)
