@@ -31,6 +31,8 @@ TAG = "__plain__"
 _PACKAGE = __name__.partition(".")[0]
 _MAX_DEPTH = 32
 _SCALARS = (bool, int, float, str, type(None))
+#: An attribute named ``*_cache`` holds values derived on demand: never saved.
+CACHE_SUFFIX = "_cache"
 
 
 class PlainStateError(SentinelError):
@@ -129,16 +131,20 @@ def _encode_array(value: np.ndarray, where: str) -> dict[str, Any]:
 
 def _own_fields(value: Any) -> Optional[dict[str, Any]]:
     """The fields of a small object of this package (a dataclass, or a class with plain
-    attributes or ``__slots__``); None for anything else."""
+    attributes or ``__slots__``), less its ``*_cache`` ones; None for anything else."""
     kind = type(value)
     if not kind.__module__.startswith(_PACKAGE + ".") or isinstance(value, type):
         return None
     if dataclasses.is_dataclass(value):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if hasattr(value, "__dict__"):
-        return dict(vars(value))
-    slots = [s for klass in kind.__mro__ for s in getattr(klass, "__slots__", ())]
-    return {s: getattr(value, s) for s in slots if s != "__weakref__" and hasattr(value, s)} if slots else None
+        names = [f.name for f in dataclasses.fields(value)]
+    elif hasattr(value, "__dict__"):
+        names = list(vars(value))
+    else:
+        slots = [s for klass in kind.__mro__ for s in getattr(klass, "__slots__", ())]
+        if not slots:
+            return None
+        names = [s for s in slots if s != "__weakref__" and hasattr(value, s)]
+    return {n: getattr(value, n) for n in names if not n.endswith(CACHE_SUFFIX)}
 
 
 def _decode(data: Any, where: str, device: Optional[torch.device], depth: int) -> Any:

@@ -84,3 +84,21 @@ def test_too_low_needs_slow_progress_and_a_converged_fit_contradicts_it() -> Non
 def test_non_finite_losses_are_kept_apart() -> None:
     h = history([1.0, 1.1, math.nan, 0.9])
     assert len(h) == 3 and h.nonfinite_at == 2 and h.too_high(0).verdict == "supported"
+
+
+def test_the_memo_is_not_saved_and_a_restored_history_answers_alike() -> None:
+    """Regression: span()/noise() results are derived (``_memo_cache``), so a checkpoint of the
+    history holds only the losses, and the restored history computes them afresh."""
+    from torch_sentinel._plain import decode, encode
+
+    h = history([1.0, 0.9, 0.85, 0.8, 0.78, 0.75])
+    steps, losses = h.span(1, 4)
+    band = h.noise()
+    saved = encode(h, "history")
+    assert not any(k.endswith("_cache") for k in saved["fields"])
+    restored = decode(saved, "history")
+    got_steps, got_losses = restored.span(1, 4)
+    assert got_steps.tolist() == steps.tolist() and got_losses.tolist() == losses.tolist()
+    assert restored.noise() == band
+    h.add(StepRecord(StepMeta(step=6, backward_calls=1), np.array([0.7, 0, 0], dtype=np.float32), _LEDGER.blocks))
+    assert h.span()[1][-1] == pytest.approx(0.7)  # a new loss clears the memo

@@ -116,8 +116,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _fields(obj: Any) -> dict[str, Any]:
+    """An object's state: its fields less the ``*_cache`` ones (derived on demand, never saved)."""
     slots = [s for k in type(obj).__mro__ for s in getattr(k, "__slots__", ()) if hasattr(obj, s)]
-    return {**{s: getattr(obj, s) for s in slots}, **getattr(obj, "__dict__", {})}
+    fields = {**{s: getattr(obj, s) for s in slots}, **getattr(obj, "__dict__", {})}
+    return {k: v for k, v in fields.items() if not k.endswith("_cache")}
 
 
 def _saved(obj: Any) -> dict[str, Any]:

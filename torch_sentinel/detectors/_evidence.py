@@ -31,7 +31,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import weakref
 from typing import Any, Literal, Optional
 
 import numpy as np
@@ -114,16 +113,14 @@ def noise_band(values: np.ndarray) -> float:
     return mad_sigma(d, float(np.median(d))) / math.sqrt(2.0)
 
 
-#: Each LossHistory's span() and noise() results since its last loss, by (since, until): a
-#: verdict asks for the same span several times (plateau: three spans and two noise bands every
-#: fifth loss). Kept outside the instance, so a checkpoint of the history never holds them.
-_MEMOS: weakref.WeakKeyDictionary[LossHistory, dict[tuple[str, Optional[int], Optional[int]], Any]] = \
-    weakref.WeakKeyDictionary()
-
-
 class LossHistory:
     """The training loss of recent steps (finite values, AMP-skipped steps left out), and the
     statistics the dynamics verdicts read."""
+
+    #: span() and noise() results since the last loss, by (what, since, until): a verdict asks
+    #: for the same span several times (plateau: three spans and two noise bands every fifth
+    #: loss). Derived, so never saved (``*_cache``, see ``_plain.py``); None until asked for.
+    _memo_cache: Optional[dict[tuple[str, Optional[int], Optional[int]], Any]] = None
 
     def __init__(self, maxlen: int = 256) -> None:
         self._steps: collections.deque[int] = collections.deque(maxlen=maxlen)
@@ -146,7 +143,7 @@ class LossHistory:
             return
         self._steps.append(record.step)
         self._values.append(loss)
-        _MEMOS.pop(self, None)
+        self._memo_cache = None
         self.count += 1
         if self.first is None:
             self.first = (record.step, loss)
@@ -189,9 +186,9 @@ class LossHistory:
         return got
 
     def _memos(self) -> dict[tuple[str, Optional[int], Optional[int]], Any]:
-        memo = _MEMOS.get(self)
+        memo = self._memo_cache
         if memo is None:
-            memo = _MEMOS[self] = {}
+            memo = self._memo_cache = {}
         return memo
 
     @staticmethod

@@ -21,13 +21,12 @@ from typing import Any, Optional
 import torch
 
 from .._collect.probe import Probe
-from .._plain import PlainStateError, decode, encode
+from .._plain import CACHE_SUFFIX, PlainStateError, decode, encode
 
 __all__ = ["host_state", "live_attributes", "restore_state"]
 
 #: Marks a saved probe (restored in place into the new run's probe of the same class).
 _PROBE = "__probe__"
-_CACHE_SUFFIX = "_cache"
 
 
 def live_attributes(obj: Any) -> frozenset[str]:
@@ -41,7 +40,7 @@ def live_attributes(obj: Any) -> frozenset[str]:
 
 def _saved_attributes(obj: Any) -> dict[str, Any]:
     live = live_attributes(obj)
-    return {k: v for k, v in vars(obj).items() if k not in live and not k.endswith(_CACHE_SUFFIX)}
+    return {k: v for k, v in vars(obj).items() if k not in live and not k.endswith(CACHE_SUFFIX)}
 
 
 def host_state(detector: Any) -> dict[str, Any]:
@@ -71,7 +70,7 @@ def restore_state(detector: Any, state: dict[str, Any], device: Optional[torch.d
     """
     live = live_attributes(detector)
     for name, data in state.items():
-        if name in live or name.endswith(_CACHE_SUFFIX) or callable(getattr(type(detector), name, None)):
+        if name in live or name.endswith(CACHE_SUFFIX) or callable(getattr(type(detector), name, None)):
             continue  # rebuilt by attach(), or a method: never data to restore
         where = f"detector {detector.kind!r}: {name}"
         target = vars(detector).get(name)
