@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import pickle
-import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
@@ -80,7 +79,7 @@ def run_split(split: str, refresh: bool = False) -> list[dict[str, Any]]:
         counter = SpikeCounter()
         trace = run(spec, watch="sentinel", sinks=[counter])
         done[spec.name] = {"run": spec, "loss": trace.loss, "findings": trace.findings,
-                           "counts": counter.counts, "seconds": trace.seconds}
+                           "counts": counter.counts, "seconds": trace.seconds, "stopped_at": trace.stopped_at}
         with open(path, "wb") as fh:
             pickle.dump(done, fh)
         print(f"{split} {spec.name}: {trace.seconds:.0f} s", flush=True)
@@ -102,6 +101,7 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
     clean_steps = 0
     false = {d: 0 for d in detectors}
     details = []
+    result_stopped: list[str] = []
     for row in rows:
         spec: Run = row["run"]
         loss = row["loss"]
@@ -121,7 +121,15 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
         for name, steps in flags.items():
             c[name] += any(inj.t0 <= s < inj.t0 + WINDOW for s in steps)
         spikes = [f for f in row["findings"] if f["kind"] == "loss_spike" and inj.t0 <= f["step"] < inj.t0 + WINDOW]
-        detail = {"run": spec.name, "injection": inj.describe(), "detected": bool(spikes)}
+        stopped = row.get("stopped_at")
+        if not spikes and stopped is not None and inj.t0 <= stopped < inj.t0 + WINDOW:
+            # The sentinel raised NonFiniteError and the run stopped there: found, at the step
+            # and module the error names, with no spike cause (counted as a wrong cause).
+            spikes = [{**f, "evidence": {"cause": "non_finite", "lead_steps": 0}}
+                      for f in row["findings"] if f["kind"] == "non_finite"][:1]
+            result_stopped.append(spec.name)
+        detail = {"run": spec.name, "injection": inj.describe(), "detected": bool(spikes),
+                  "stopped_at": stopped}
         if spikes:
             f = min(spikes, key=lambda f: f["step"])
             ev = f["evidence"]
@@ -139,7 +147,8 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 c["mover"] += ok
                 detail["mover_ok"] = ok
         details.append(detail)
-    return {"per_cause": per_cause, "false": false, "clean_steps": clean_steps, "details": details}
+    return {"per_cause": per_cause, "false": false, "clean_steps": clean_steps, "details": details,
+            "stopped": result_stopped}
 
 
 def _pct(k: int, n: int) -> str:
@@ -168,6 +177,13 @@ def table(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append("Attribution (first mover, cause): the sentinel only; the four baselines watch one "
                  "number and cannot name a layer (n/a).")
+    stopped = result.get("stopped", [])
+    if stopped:
+        lines.append("")
+        lines.append(f"Runs whose gradients went non-finite at the injection, where the sentinel raised "
+                     f"`NonFiniteError` (its default) and the run stopped: {', '.join(stopped)}. Counted as "
+                     f"detected at the step and module the error names, with cause `non_finite` (so the "
+                     f"cause column counts them wrong); the baselines score the losses up to that step.")
     return "\n".join(lines)
 
 
@@ -176,8 +192,8 @@ def main() -> None:
     parser.add_argument("--split", default="heldout", choices=["tune", "heldout"])
     parser.add_argument("--refresh", action="store_true", help="run again instead of reading the cache")
     args = parser.parse_args()
-    start = time.time()
     rows = run_split(args.split, args.refresh)
+    trained = sum(float(r.get("seconds", 0.0)) for r in rows)  # the runs' own time, resumed ones included
     result = score(rows)
     text = table(result)
     print(text)
@@ -187,7 +203,8 @@ def main() -> None:
     os.makedirs(RESULTS, exist_ok=True)
     with open(os.path.join(RESULTS, f"spikes-{args.split}.md"), "w", encoding="utf-8") as fh:
         fh.write(f"# Loss-spike benchmark, {args.split} split\n\n"
-                 f"`python -m benchmarks.spikes.run --split {args.split}` ({time.time() - start:.0f} s here)\n\n"
+                 f"`python -m benchmarks.spikes.run --split {args.split}` ({len(rows)} runs, {trained:.0f} s of "
+                 f"training with the sentinel attached, base checkpoint pretrained apart)\n\n"
                  + text + "\n")
     with open(os.path.join(RESULTS, f"spikes-{args.split}.json"), "w", encoding="utf-8") as fh:
         json.dump({k: v for k, v in result.items()}, fh, indent=1, default=lambda o: list(o) if isinstance(o, (np.ndarray,)) else str(o))

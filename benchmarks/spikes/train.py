@@ -58,6 +58,8 @@ class Trace:
     recorded: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
     layout: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    #: The step at which the sentinel raised NonFiniteError and the run stopped (None: it ran on).
+    stopped_at: Optional[int] = None
 
 
 DEFAULT = Config()
@@ -161,6 +163,7 @@ def run(spec: Run, watch: str = "sentinel", sentinel_options: Optional[dict[str,
     import time
 
     import torch_sentinel
+    from torch_sentinel import NonFiniteError
 
     state = torch.load(spec.checkpoint, weights_only=True)
     torch.manual_seed(spec.seed)
@@ -182,6 +185,8 @@ def run(spec: Run, watch: str = "sentinel", sentinel_options: Optional[dict[str,
         for sink in sinks:
             sentinel.add_sink(sink)
     losses = np.full(spec.steps, np.nan)
+    trace_stopped: Optional[int] = None
+    step = -1
     start = time.perf_counter()
     try:
         for step in range(spec.steps):
@@ -194,6 +199,7 @@ def run(spec: Run, watch: str = "sentinel", sentinel_options: Optional[dict[str,
             opt.zero_grad(set_to_none=False)
             logits = model(x)
             loss = lm_loss(logits, y)
+            losses[step] = float(loss.detach())
             loss.backward()
             if inj is not None:
                 inj.after_backward(step, model)
@@ -206,7 +212,10 @@ def run(spec: Run, watch: str = "sentinel", sentinel_options: Optional[dict[str,
             opt.step()
             if recorder is not None:
                 recorder.after_update()
-            losses[step] = float(loss.detach())
+    except NonFiniteError:
+        # The sentinel stopped the run, as it stops a user's (its report keeps the non_finite
+        # finding, with the step and module); the baselines see the losses up to this step's.
+        trace_stopped = step
     finally:
         seconds = time.perf_counter() - start
         findings: list[dict[str, Any]] = []
@@ -215,7 +224,7 @@ def run(spec: Run, watch: str = "sentinel", sentinel_options: Optional[dict[str,
             sentinel.detach()
         if recorder is not None:
             recorder.close()
-    trace = Trace(spec, losses, findings, seconds=seconds)
+    trace = Trace(spec, losses, findings, seconds=seconds, stopped_at=trace_stopped)
     if recorder is not None:
         trace.recorded = recorder.data
         trace.layout = recorder.layout(model)

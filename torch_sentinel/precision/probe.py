@@ -4,8 +4,7 @@ A thin adapter between the collector's events (``_collect/probe.py``) and
 :func:`~torch_sentinel.precision.histogram.add_histogram`. It owns one int64 device buffer with
 a row per watched tensor: the output of each module that computes (value-preserving modules
 such as activations and dropout are left out, as the forward probe leaves them out), and the
-gradients of each module's own parameters, together. On a sampled step (steps 0-2, then
-every 10th to step 100 and every 50th after: :data:`FIRST_STEPS`):
+gradients of each module's own parameters, together. On a sampled step (``cadence.sampled``):
 
 - ``on_output``: the module's output goes into its activation row (a module called several
   times in the step, micro-batches, adds up);
@@ -50,20 +49,6 @@ from .layout import BinLayout
 from .monitor import PrecisionMonitor, PrecisionRow, Sample, TensorRow
 
 __all__ = ["PrecisionProbe", "PrecisionRows"]
-
-
-#: Of the shared schedule's first steps (``cadence.sampled``, all of the first ten), the probe
-#: takes the first three: as many samples as an underflow verdict needs
-#: (``precision_underflow.min_samples``). A sample costs a pass over every watched output and
-#: gradient (about 3 ns an element on CPU: 8.5% of a small CNN's first 100 steps when all ten
-#: were taken), and an ``amax`` trend builds over tens of steps, which every 10th step follows.
-#: The other sampled probes keep the first ten, where most of their faults start.
-FIRST_STEPS = 3
-
-
-def _sampled(step: int) -> bool:
-    """Whether the probe takes ``step``: steps 0-2, then every 10th to step 100, every 50th after."""
-    return sampled(step, first=FIRST_STEPS)
 
 _HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -150,7 +135,7 @@ class PrecisionProbe(Probe):
         return not self.settled or bool(self.watched)
 
     def due(self, step: int) -> bool:
-        return self.active and _sampled(step)
+        return self.active and sampled(step)
 
     def _settle(self, compute: Optional[str]) -> None:
         self.compute_format = compute
@@ -171,14 +156,14 @@ class PrecisionProbe(Probe):
             return
         if not compiling:
             step = self.host.step
-            if not _sampled(step):
+            if not sampled(step):
                 return
             self._begin(step)
         add_histogram(t, self.buffer[row], self.tables, workspace=None if compiling else self._workspace)
 
     def on_pre_step(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
         host = self.host
-        if not self.watched or not _sampled(host.step):
+        if not self.watched or not sampled(host.step):
             return
         self._begin(host.step)
         scale = host.ledger.views[self._scale_slot] if host.meta.amp else None
@@ -197,7 +182,7 @@ class PrecisionProbe(Probe):
     def on_row_close(self, meta: StepMeta) -> None:
         if not self.watched:
             return
-        if self._filling == meta.step or (self.host.traced and _sampled(meta.step)):
+        if self._filling == meta.step or (self.host.traced and sampled(meta.step)):
             self._ring.push(self.buffer.view(-1), (meta.step, self._scaled))
             self._filling = -1
             self._scaled = False
