@@ -18,8 +18,9 @@ same elements every step. Per step: one ``_foreach_copy_`` at the pre-step, then
 straight into the row), one ``_foreach_norm`` of order 1 over the ``exp_avg_sq`` samples and
 its stack: a fixed count of launches whatever the number of modules.
 
-The samples are views, taken again at every pre- and post-step (a few microseconds per large
-parameter): an optimizer or wrapper that swaps a parameter's storage is measured on the new one.
+The samples are views, made again whenever a parameter's storage moved (checked at every pre-
+and post-step by its address): an optimizer or wrapper that swaps a parameter's storage is
+measured on the new one.
 The lazy-parameter check runs until every parameter is materialised, then never again.
 
 The sum of ``exp_avg_sq`` is kept rather than its minimum: over a weight matrix the minimum
@@ -49,6 +50,7 @@ from .transfer import AsyncFetch
 __all__ = ["RING_STATS", "SAMPLE", "RingLayout", "SpikeRing", "sample_stride", "unit_layout"]
 
 _SHAPE = operator.attrgetter("shape")
+_DATA_PTR = operator.methodcaller("data_ptr")
 
 #: The rows of each ring entry, in order.
 RING_STATS = ("update", "weight", "exp_avg_sq")
@@ -154,6 +156,9 @@ class _Plan:
         #: The parameters' shapes when ``strides`` were chosen, and each one's sample stride.
         self.shapes: list[torch.Size] = []
         self.strides: list[int] = []
+        #: The samples (views of the parameters) and the parameters' addresses when they were made.
+        self._views: list[torch.Tensor] = []
+        self._addresses: list[int] = []
         #: Per column, the factor from a sample's sum of squares (or of ``exp_avg_sq``) to the
         #: whole parameter's.
         self.update_scale = np.ones(len(params))
@@ -170,16 +175,23 @@ class _Plan:
         return self.ready
 
     def samples(self) -> list[torch.Tensor]:
-        """The parameters' samples (views); new strides when a parameter's shape changed."""
+        """The parameters' samples (views); new strides when a parameter's shape changed, new
+        views when a parameter's storage did (a view keeps its storage alive, so an unchanged
+        address is the same storage)."""
         shapes = list(map(_SHAPE, self.params))
         if shapes != self.shapes:
             self.shapes = shapes
             self.strides = [sample_stride(p) for p in self.params]
             self.shadow = None
-            samples = _sampled(self.params, self.strides)
-            self.update_scale = _scales(self.params, samples)
-            return samples
-        return _sampled(self.params, self.strides)
+            self._views = _sampled(self.params, self.strides)
+            self._addresses = list(map(_DATA_PTR, self.params))
+            self.update_scale = _scales(self.params, self._views)
+            return self._views
+        addresses = list(map(_DATA_PTR, self.params))
+        if addresses != self._addresses:
+            self._addresses = addresses
+            self._views = _sampled(self.params, self.strides)
+        return self._views
 
     def second_moments(self) -> Optional[list[torch.Tensor]]:
         """The samples of ``exp_avg_sq`` per parameter, or None for optimizers without it. The
