@@ -88,6 +88,7 @@ class Sentinel(ModelSideHandle):
         if options.precision != ():
             c.add_probe(PrecisionProbe(options.precision))
         install_probes(c, side.detectors)
+        side.nonfinite.use_weight_norms(side.detectors)
         # After the core width: norms before clipping, from the loop's own clip calls.
         c.add_probe(ClipProbe())
         # Under torch.distributed, ranks agree on non-finite faults before anyone raises, and

@@ -93,6 +93,17 @@ def inside(named: Optional[str], target: Optional[str]) -> bool:
     return base == target or base.startswith(target + ".") or target == ""
 
 
+def _as_spike(error: dict[str, Any]) -> dict[str, Any]:
+    """A ``non_finite`` finding read as the benchmark reads a ``loss_spike`` one."""
+    ev = error.get("evidence", {})
+    moved = [c for c in ev.get("likely_causes", []) if c.get("cause") == "weights_changed"]
+    if ev.get("likely_cause") == "weights_changed" and moved:
+        weight = moved[0]["evidence"]["weights"][0]["parameter"]
+        return {**error, "module": weight.rpartition(".")[0],
+                "evidence": {"cause": "corrupted_weight", "lead_steps": 0}}
+    return {**error, "evidence": {"cause": "non_finite", "lead_steps": 0}}
+
+
 def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per cause and overall: detection for every detector, attribution for the sentinel."""
     detectors = ["sentinel", *BASELINES]
@@ -123,10 +134,11 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
         spikes = [f for f in row["findings"] if f["kind"] == "loss_spike" and inj.t0 <= f["step"] < inj.t0 + WINDOW]
         stopped = row.get("stopped_at")
         if not spikes and stopped is not None and inj.t0 <= stopped < inj.t0 + WINDOW:
-            # The sentinel raised NonFiniteError and the run stopped there: found, at the step
-            # and module the error names, with no spike cause (counted as a wrong cause).
-            spikes = [{**f, "evidence": {"cause": "non_finite", "lead_steps": 0}}
-                      for f in row["findings"] if f["kind"] == "non_finite"][:1]
+            # The sentinel raised NonFiniteError and the run stopped there: found at the step the
+            # error names. Its cause counts as right only when the error named a weight rewritten
+            # between steps (``weights_changed``), and that weight's module is then the mover;
+            # else the error's module, with cause ``non_finite`` (wrong).
+            spikes = [_as_spike(f) for f in row["findings"] if f["kind"] == "non_finite"][:1]
             result_stopped.append(spec.name)
         detail = {"run": spec.name, "injection": inj.describe(), "detected": bool(spikes),
                   "stopped_at": stopped}
@@ -180,10 +192,11 @@ def table(result: dict[str, Any]) -> str:
     stopped = result.get("stopped", [])
     if stopped:
         lines.append("")
-        lines.append(f"Runs whose gradients went non-finite at the injection, where the sentinel raised "
-                     f"`NonFiniteError` (its default) and the run stopped: {', '.join(stopped)}. Counted as "
-                     f"detected at the step and module the error names, with cause `non_finite` (so the "
-                     f"cause column counts them wrong); the baselines score the losses up to that step.")
+        lines.append(f"Runs that went non-finite at the injection, where the sentinel raised `NonFiniteError` "
+                     f"(its default) and the run stopped: {', '.join(stopped)}. Counted as detected at the "
+                     f"step the error names; the cause is right when the error named a weight rewritten "
+                     f"between steps (`weights_changed`: that weight's module is the first mover), else "
+                     f"`non_finite` (wrong). The baselines score the losses up to that step.")
     return "\n".join(lines)
 
 

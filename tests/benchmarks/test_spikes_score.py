@@ -29,12 +29,21 @@ def _row(finding: dict[str, Any], stopped_at: Optional[int]) -> dict[str, Any]:
 
 
 def test_a_run_stopped_by_a_non_finite_error_is_found_there_with_a_wrong_cause() -> None:
-    error = {"kind": "non_finite", "step": 150, "module": "blocks.3.ln1", "evidence": {}}
+    error = {"kind": "non_finite", "step": 150, "module": "blocks.3.attn",
+             "evidence": {"likely_cause": "local_gradients", "likely_causes": []}}
     result = score([_row(error, stopped_at=150)])
     c = result["per_cause"]["corrupted_weight"]
-    assert (c["n"], c["sentinel"], c["cause"], c["mover"], c["mover_n"]) == (1, 1, 0, 1, 1)
+    assert (c["n"], c["sentinel"], c["cause"], c["mover"], c["mover_n"]) == (1, 1, 0, 0, 1)
     assert result["stopped"] == ["corrupted_weight-100"]
     assert "corrupted_weight-100" in table(result)
+
+
+def test_an_error_that_names_the_rewritten_weight_has_the_corruption_as_its_cause() -> None:
+    moved = {"cause": "weights_changed", "evidence": {"weights": [{"parameter": "blocks.3.ln1.weight"}]}}
+    error = {"kind": "non_finite", "step": 150, "module": "blocks.3.attn",
+             "evidence": {"likely_cause": "weights_changed", "likely_causes": [moved]}}
+    c = score([_row(error, stopped_at=150)])["per_cause"]["corrupted_weight"]
+    assert (c["sentinel"], c["cause"], c["mover"]) == (1, 1, 1)
 
 
 def test_a_spike_finding_is_judged_on_module_lead_and_cause() -> None:

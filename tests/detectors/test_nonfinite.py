@@ -387,3 +387,50 @@ def test_lr_sentence_never_calls_a_zero_update_ratio_sane(check_mode: str) -> No
     with pytest.raises(NonFiniteError, match=r"update/weight ratio at step 1 was 0 .*below the healthy band"):
         raise err
     assert "looks sane" not in str(err)
+
+
+def _corrupted_gain_run(check_mode: str, disable: frozenset[str] = frozenset()) -> Optional[NonFiniteError]:
+    """Four elements of a LayerNorm gain multiplied by 2^70 between steps 2 and 3 (corrupted
+    exponent bits): the outputs it scales square to infinity in the loss at step 3."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.LayerNorm(32), nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    s = torch_sentinel.attach(model, opt, check=check_mode, disable=disable)
+    g = torch.Generator().manual_seed(0)
+
+    def loop() -> None:
+        for step in range(5):
+            if step == 3:
+                with torch.no_grad():
+                    model[1].weight[:4] *= 2.0**70
+            opt.zero_grad()
+            x, y = torch.randn(8, 10, generator=g), torch.randn(8, 4, generator=g)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+    return _caught(s, loop)
+
+
+def test_a_weight_rewritten_between_steps_is_named_as_the_cause(check_mode: str) -> None:
+    """Regression (held-out spike benchmark, corrupted_weight-100): a weight corrupted between two
+    steps made the next step non-finite, and the error advised an epsilon in a backward. The spike
+    ring's last weight norms tell a weight that changed with no optimizer step in between."""
+    err = _corrupted_gain_run(check_mode)
+    assert err is not None and err.step == 3
+    if check_mode == "deferred":
+        # Described at a later flush: the optimizer has stepped since, so the weights now are
+        # not the ones step 3 computed with, and nothing is claimed about them.
+        assert err.evidence["likely_cause"] != "weights_changed"
+        return
+    assert err.evidence["likely_cause"] == "weights_changed"
+    (moved,) = [c for c in err.evidence["likely_causes"] if c["cause"] == "weights_changed"]
+    assert [w["parameter"] for w in moved["evidence"]["weights"]] == ["1.weight"]
+    with pytest.raises(NonFiniteError, match=r"likely cause: a weight changed between optimizer steps"):
+        raise err
+    assert re.search(r"weight '1\.weight' changed from norm [\d.]+ after the optimizer's last step", str(err))
+
+
+def test_without_the_spike_ring_the_same_fault_is_still_described(check_mode: str) -> None:
+    err = _corrupted_gain_run(check_mode, disable=frozenset({"loss_spike"}))
+    assert err is not None and err.step == 3
+    assert err.evidence["likely_cause"] != "weights_changed"

@@ -281,6 +281,39 @@ class SpikeRing:
             values[:, 2, plan.cols] *= plan.second_scale
         return values, {k: v.copy() for k, v in self.row_steps.items()}
 
+    def weights_moved(self, step: int, factor: float = 2.0) -> list[tuple[int, float, float]]:
+        """``(column, norm after step - 1's update, norm now)`` of each weight whose norm changed
+        by ``factor`` or more (or became non-finite) since the optimizer last stepped it at step
+        ``step - 1``: a value something other than the optimizer wrote before step ``step``'s
+        own update. Only while that holds for the weights now: an optimizer that stepped since
+        (a fault described later, in deferred mode) leaves nothing to compare. Cold path (a
+        fault is being described): one blocking copy."""
+        before: list[torch.Tensor] = []
+        now: list[torch.Tensor] = []
+        columns: list[range] = []
+        row = (step - 1) % self.steps
+        for key, plan in self.plans.items():
+            held = self.row_steps[key]
+            if not plan.params or not plan.ready or held[row] != step - 1 or held.max() != step - 1:
+                continue
+            with torch.no_grad():
+                before.append(self.ring[row, 1, plan.cols].clone())
+                now.append(stacked_norms(plan.params, 2))
+            columns.append(range(plan.cols.start, plan.cols.stop))
+        if not before:
+            return []
+        fetched = AsyncFetch([torch.cat(before), torch.cat(now)]).result(block=True)
+        assert fetched is not None
+        then, current = (v.astype(np.float64) for v in fetched)
+        moved = []
+        for i, col in enumerate(c for r in columns for c in r):
+            a, b = then[i], current[i]
+            if not np.isfinite(a) or a <= 0:
+                continue
+            if not np.isfinite(b) or b >= factor * a or b * factor <= a:
+                moved.append((col, float(a), float(b)))
+        return moved
+
     def close(self) -> None:
         for plan in self.plans.values():
             plan.shadow = None

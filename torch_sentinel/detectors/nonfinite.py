@@ -8,19 +8,23 @@ execution order), loss, gradients (backward order), updates.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .._collect.probes.spikes import SpikeProbe
 from .._collect.rungs import first_bad, groups
 from .._errors import NonFiniteError, format_message
 from .._findings import Finding
 from .._record import StepRecord, TensorEvidence, shape_and_dtype
 from .._record.fault import DATA_SHAPE_KEYS, Fault
 from ..diagnosis.causes import rank_causes
-from .base import RunContext
+from .base import Detector, RunContext
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["NonFiniteDiagnosis", "core_rows_finite", "locate"]
 
@@ -194,6 +198,27 @@ class NonFiniteDiagnosis:
 
     def __init__(self, ctx: RunContext) -> None:
         self.ctx = ctx
+        #: The spike probe's check for weights written between optimizer steps (None: no ring).
+        self._weights_moved: Optional[Callable[[int], list[tuple[str, float, float]]]] = None
+
+    def use_weight_norms(self, detectors: Sequence[Detector]) -> None:
+        """Read the last weight norms of a detector's spike ring (``loss_spike``'s), so that a
+        weight rewritten between two steps is named as the cause of what it then made
+        non-finite."""
+        for detector in detectors:
+            for probe in detector.probes():
+                if isinstance(probe, SpikeProbe):
+                    self._weights_moved = probe.weights_moved
+                    return
+
+    def _moved(self, fault: Fault) -> list[tuple[str, float, float]]:
+        if self._weights_moved is None or fault.boundary not in ("forward", "loss", "gradients"):
+            return []
+        try:
+            return self._weights_moved(fault.step)
+        except Exception as exc:  # the description of a fault must not fail on its evidence
+            _log.debug("weight norms for the non-finite diagnosis not read: %r", exc)
+            return []
 
     def _layer_weights(self) -> Optional[set[str]]:
         """The weights of Linear/Conv/RNN layers (``update_ratio``'s), or None when the run
@@ -214,7 +239,7 @@ class NonFiniteDiagnosis:
         band = (self.ctx.threshold("update_ratio.low", 1e-7), self.ctx.threshold("update_ratio.high", 0.1))
         local = _next_check(fault, ratio, band)
         causes = rank_causes(fault.boundary, fault.detail, recent, fault.step, band, local=local,
-                             weights=weights, groups=groups)
+                             weights=weights, groups=groups, moved=self._moved(fault))
         first = causes[0]
         if first.name.startswith("local_") or first.name == "data":
             advice = local
@@ -303,9 +328,11 @@ _CAUSE_NAMES = {
     "local_loss": "the loss computation",
     "local_gradients": "a backward with an infinite derivative",
     "local_updates": "the optimizer step",
+    "weights_changed": "a weight changed between optimizer steps",
 }
 
 _CAUSE_CHECK = {
+    "weights_changed": "inspect_weight_writes_between_steps",
     "learning_rate": "lower_learning_rate",
     "accumulating_gradients": "clear_gradients_every_step",
 }

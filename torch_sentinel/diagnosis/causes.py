@@ -176,7 +176,8 @@ def _median_growth(series: list[tuple[int, float]], n: int = 3) -> Optional[tupl
 def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRecord],
                 before_step: int, band: tuple[float, float] = (1e-7, 0.1),
                 local: str = "", weights: Optional[set[str]] = None,
-                groups: Sequence[Sequence[str]] = ()) -> list[Cause]:
+                groups: Sequence[Sequence[str]] = (),
+                moved: Sequence[tuple[str, float, float]] = ()) -> list[Cause]:
     """Likely causes of a non-finite value at ``before_step``, most likely first.
 
     Args:
@@ -190,6 +191,8 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
         weights: the layer weights the update/weight ratio is read over (``update_ratio``'s).
         groups: the parameter names of each optimizer (the ratio and stale gradients are read
             per optimizer where there are several).
+        moved: ``(parameter, norm after its last update, norm now)`` of the weights whose norm
+            changed 2x or more with no optimizer step in between (the spike ring's last row).
     """
     t = trends(records, before_step, weights, groups)
     causes: list[Cause] = []
@@ -261,5 +264,17 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
     else:
         # the boundary's own local cause: likely when nothing in the run was growing
         causes.append(Cause("local_" + boundary, 1.5, local or f"the computation at the {boundary} boundary", {}))
+    if moved and boundary in ("forward", "loss", "gradients"):
+        # A weight rewritten between two optimizer steps (a flipped bit, a bad load, surgery):
+        # whatever this step computed from it, the fault starts there, not where it surfaced.
+        name, before, now = moved[0]
+        others = f" ({len(moved) - 1} more)" if len(moved) > 1 else ""
+        causes.append(Cause(
+            "weights_changed", 50.0,
+            f"weight {name!r}{others} changed from norm {before:.3g} after the optimizer's last step to "
+            f"{now:.3g} before this step's, with no optimizer step in between: something other than the "
+            "optimizer wrote it (a corrupted value or flipped bit, a checkpoint load, weight surgery, code "
+            "that edits weights between steps); what this step computed from it went non-finite",
+            {"weights": [{"parameter": n, "norm_after_last_step": a, "norm_now": b} for n, a, b in moved[:8]]}))
     causes.sort(key=lambda c: -c.score)
     return causes

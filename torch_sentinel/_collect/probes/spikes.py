@@ -173,6 +173,14 @@ class SpikeProbe(Probe):
         if self.ring is not None and optimizer is not None:
             self.ring.after_update(optimizer, self.host.step)
 
+    def weights_moved(self, step: int) -> list[tuple[str, float, float]]:
+        """``(parameter, norm after the last update, norm now)`` of each weight whose norm changed
+        2x or more (or went non-finite) between the optimizer's step ``step - 1`` and now, with no
+        optimizer step in between (cold path: see :meth:`SpikeRing.weights_moved`)."""
+        if self.ring is None or self.layout is None:
+            return []
+        return [(self.layout.params[c], a, b) for c, a, b in self.ring.weights_moved(step)]
+
     def close(self) -> None:
         if self.ring is not None:
             self.ring.close()
