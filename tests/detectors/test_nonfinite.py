@@ -145,6 +145,12 @@ def test_weights_found_non_finite_are_charged_to_the_previous_update(kind: str, 
     assert (err.step, err.boundary, err.module) == (1, "updates", module)
     assert err.evidence["parameter"] == f"{module}.weight"
     assert re.search(r"code that changed them between steps", str(err))
+    if check_mode == "immediate":
+        # Step 1's update left the weight finite (the spike ring's last row says so): it was
+        # written between the steps, and the error says which weight, first.
+        assert err.evidence["likely_cause"] == "weights_changed"
+        assert re.search(rf"weight '{re.escape(module)}\.weight' changed from norm [\d.e+-]+ after the "
+                         r"optimizer's last step to inf", str(err))
 
 
 def test_functional_fault_between_submodules_is_blamed_on_the_caller() -> None:

@@ -145,6 +145,11 @@ def _ratio_hint(ratio: Optional[dict[str, Any]], band: tuple[float, float]) -> s
     return f" The update/weight ratio at step {ratio['step']} was {r:.3g} (over {who}), " + verdict
 
 
+def _found_in_weights(fault: Fault) -> bool:
+    """Whether an ``updates`` fault is non-finite weights found when the next step began."""
+    return "param_norm" in fault.detail or str(fault.detail.get("present", "")).startswith("non-finite parameter")
+
+
 def _next_check(fault: Fault, ratio: Optional[dict[str, Any]],
                 band: tuple[float, float] = (1e-7, 0.1)) -> str:
     b = fault.boundary
@@ -181,7 +186,7 @@ def _next_check(fault: Fault, ratio: Optional[dict[str, Any]],
                 "function with an infinite derivative at the point reached (sqrt or norm at 0, "
                 "log at 0, pow with a fractional exponent): add an epsilon." + hint_ratio)
     if b == "updates":
-        if "param_norm" in fault.detail or fault.detail.get("present", "").startswith("non-finite parameter"):
+        if _found_in_weights(fault):
             return ("the weights were already non-finite when the next step began: made by this "
                     "optimizer step (a learning rate too high, an optimizer eps of 0, a non-finite "
                     "lr) or by code that changed them between steps (a checkpoint load, weight "
@@ -212,10 +217,20 @@ class NonFiniteDiagnosis:
                     return
 
     def _moved(self, fault: Fault) -> list[tuple[str, float, float]]:
-        if self._weights_moved is None or fault.boundary not in ("forward", "loss", "gradients"):
+        """The weights rewritten since the optimizer's last step, for a fault the weights as they
+        are now could have made: in the forward, the loss or backward of ``fault.step``, or
+        weights found non-finite when the step after ``fault.step`` began (then: rewritten after
+        that step's update, when the update itself left them finite)."""
+        if self._weights_moved is None:
+            return []
+        if fault.boundary in ("forward", "loss", "gradients"):
+            since = fault.step
+        elif fault.boundary == "updates" and _found_in_weights(fault):
+            since = fault.step + 1
+        else:
             return []
         try:
-            return self._weights_moved(fault.step)
+            return self._weights_moved(since)
         except Exception as exc:  # the description of a fault must not fail on its evidence
             _log.debug("weight norms for the non-finite diagnosis not read: %r", exc)
             return []

@@ -264,7 +264,7 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
     else:
         # the boundary's own local cause: likely when nothing in the run was growing
         causes.append(Cause("local_" + boundary, 1.5, local or f"the computation at the {boundary} boundary", {}))
-    if moved and boundary in ("forward", "loss", "gradients"):
+    if moved and boundary in ("forward", "loss", "gradients", "updates"):
         # A weight rewritten between two optimizer steps (a flipped bit, a bad load, surgery):
         # whatever this step computed from it, the fault starts there, not where it surfaced.
         name, before, now = moved[0]
@@ -272,9 +272,9 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
         causes.append(Cause(
             "weights_changed", 50.0,
             f"weight {name!r}{others} changed from norm {before:.3g} after the optimizer's last step to "
-            f"{now:.3g} before this step's, with no optimizer step in between: something other than the "
+            f"{now:.3g} before the next one, with no optimizer step in between: something other than the "
             "optimizer wrote it (a corrupted value or flipped bit, a checkpoint load, weight surgery, code "
-            "that edits weights between steps); what this step computed from it went non-finite",
+            "that edits weights between steps); the non-finite values start there",
             {"weights": [{"parameter": n, "norm_after_last_step": a, "norm_now": b} for n, a, b in moved[:8]]}))
     causes.sort(key=lambda c: -c.score)
     return causes
