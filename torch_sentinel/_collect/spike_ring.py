@@ -290,24 +290,23 @@ class SpikeRing:
         fault is being described): one blocking copy."""
         before: list[torch.Tensor] = []
         now: list[torch.Tensor] = []
-        columns: list[range] = []
+        columns: list[int] = []
         row = (step - 1) % self.steps
         for key, plan in self.plans.items():
-            held = self.row_steps[key]
-            if not plan.params or not plan.ready or held[row] != step - 1 or held.max() != step - 1:
+            # The latest row held is step - 1's (row ``row``): no optimizer step since.
+            if not plan.params or not plan.ready or self.row_steps[key].max() != step - 1:
                 continue
             with torch.no_grad():
-                before.append(self.ring[row, 1, plan.cols].clone())
+                before.append(self.ring[row, 1, plan.cols])
                 now.append(stacked_norms(plan.params, 2))
-            columns.append(range(plan.cols.start, plan.cols.stop))
+            columns.extend(range(plan.cols.start, plan.cols.stop))
         if not before:
             return []
         fetched = AsyncFetch([torch.cat(before), torch.cat(now)]).result(block=True)
         assert fetched is not None
         then, current = (v.astype(np.float64) for v in fetched)
         moved = []
-        for i, col in enumerate(c for r in columns for c in r):
-            a, b = then[i], current[i]
+        for col, a, b in zip(columns, then, current):
             if not np.isfinite(a) or a <= 0:
                 continue
             if not np.isfinite(b) or b >= factor * a or b * factor <= a:

@@ -192,7 +192,8 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
         groups: the parameter names of each optimizer (the ratio and stale gradients are read
             per optimizer where there are several).
         moved: ``(parameter, norm after its last update, norm now)`` of the weights whose norm
-            changed 2x or more with no optimizer step in between (the spike ring's last row).
+            changed 2x or more with no optimizer step in between (the spike ring's last row),
+            for a fault those weights could have made (``NonFiniteDiagnosis`` decides which).
     """
     t = trends(records, before_step, weights, groups)
     causes: list[Cause] = []
@@ -264,9 +265,10 @@ def rank_causes(boundary: str, detail: dict[str, Any], records: Sequence[StepRec
     else:
         # the boundary's own local cause: likely when nothing in the run was growing
         causes.append(Cause("local_" + boundary, 1.5, local or f"the computation at the {boundary} boundary", {}))
-    if moved and boundary in ("forward", "loss", "gradients", "updates"):
+    if moved:
         # A weight rewritten between two optimizer steps (a flipped bit, a bad load, surgery):
         # whatever this step computed from it, the fault starts there, not where it surfaced.
+        # (The caller passes it only for faults the weights as they are now could have made.)
         name, before, now = moved[0]
         others = f" ({len(moved) - 1} more)" if len(moved) > 1 else ""
         causes.append(Cause(
