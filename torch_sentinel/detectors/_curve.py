@@ -12,9 +12,8 @@ import collections
 import math
 from typing import Optional
 
-import numpy as np
-
 from .._record import StepRecord
+from ._robust import median
 
 __all__ = ["SmoothedLoss", "ValidationCurve"]
 
@@ -46,7 +45,7 @@ class SmoothedLoss:
         self.step = rec.step
         if len(self._recent) < SMOOTH:
             return None
-        now = float(np.median(self._recent))
+        now = median(self._recent)
         self.now = now
         self.start = now if self.start is None else self.start
         self.low = now if self.low is None else min(self.low, now)

@@ -36,7 +36,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 
 from .._record import StepRecord
-from ._robust import mad_sigma
+from ._robust import mad_sigma, median
 
 __all__ = ["FAST_Z", "RISE_Z", "SLOW_Z", "LossHistory", "Support", "noise_band", "standard_errors"]
 
@@ -110,7 +110,7 @@ def noise_band(values: np.ndarray) -> float:
     if len(values) < 4:
         return math.nan
     d = np.diff(values)
-    return mad_sigma(d, float(np.median(d))) / math.sqrt(2.0)
+    return mad_sigma(d, median(d)) / math.sqrt(2.0)
 
 
 class LossHistory:
@@ -205,7 +205,7 @@ class LossHistory:
         if len(values) < 2 * w:
             return None
         s = self.noise(since, until) if sigma is None else sigma
-        a, b = float(np.median(values[:w])), float(np.median(values[-w:]))
+        a, b = median(values[:w]), median(values[-w:])
         return Change(a, b, (int(steps[0]), int(steps[w - 1])), (int(steps[-w]), int(steps[-1])),
                       standard_errors(b - a, s, w), _MEDIAN_SE * s * math.sqrt(2.0 / w))
 
@@ -217,7 +217,7 @@ class LossHistory:
         w = len(head)
         if w < 3 or len(values) < w:
             return None
-        a, b = float(np.median([v for _, v in head])), float(np.median(values[-w:]))
+        a, b = median([v for _, v in head]), median(values[-w:])
         s = self.noise(since)
         return Change(a, b, (head[0][0], head[-1][0]), (int(steps[-w]), int(steps[-1])),
                       standard_errors(b - a, s, w), _MEDIAN_SE * s * math.sqrt(2.0 / w))
@@ -235,7 +235,7 @@ class LossHistory:
             return None
         s = self.noise(since)
         k = len(values) // w
-        levels = [(float(np.median(values[i * w:(i + 1) * w])), w, int(steps[i * w]), int(steps[i * w + w - 1]))
+        levels = [(median(values[i * w:(i + 1) * w]), w, int(steps[i * w]), int(steps[i * w + w - 1]))
                   for i in range(k)]
         first = self.first
         if first is not None and since is not None and first[0] <= since:

@@ -18,6 +18,7 @@ import numpy as np
 from .._collect.probes.norms import WeightNorms
 from .._collect.probes.updates import UpdateNorms
 from .._record import StepRecord
+from ._robust import median
 
 __all__ = ["Claim", "OptimizerRatios"]
 
@@ -96,20 +97,20 @@ class OptimizerRatios:
         if len(self.samples) < self.min_samples:
             return None
         recent = list(self.samples)
-        median = float(np.median([s[1] for s in recent]))
+        middle = median([s[1] for s in recent])
         worst = max(recent, key=lambda s: s[3])
-        evidence = {"ratio": median, "steps": [s[0] for s in recent], "ratios": [s[1] for s in recent],
+        evidence = {"ratio": middle, "steps": [s[0] for s in recent], "ratios": [s[1] for s in recent],
                     "largest_param": worst[2], "largest_ratio": worst[3]}
         of = f" of optimizer {self.index}'s weights" if self.index >= 0 else ""
-        if median > self.high and not self.claimed_high:
+        if middle > self.high and not self.claimed_high:
             self.claimed_high = True
-            return Claim(True, f"the update/weight ratio ||dW||/||W||{of} was {median:.3g} (median of "
+            return Claim(True, f"the update/weight ratio ||dW||/||W||{of} was {middle:.3g} (median of "
                                f"{len(recent)} sampled steps), above the {self.high:g} bound (healthy "
                                "training sits near 1e-3)", recent[0][0], recent[-1][0], worst[2], self.index,
                          {**evidence, "bound": self.high})
-        if median < self.low and not self.ever_high and not self.claimed_low and not self.claimed_high:
+        if middle < self.low and not self.ever_high and not self.claimed_low and not self.claimed_high:
             self.claimed_low = True
-            return Claim(False, f"the update/weight ratio ||dW||/||W||{of} was {median:.3g} (median of "
+            return Claim(False, f"the update/weight ratio ||dW||/||W||{of} was {middle:.3g} (median of "
                                 f"{len(recent)} sampled steps), below the {self.low:g} bound (healthy "
                                 "training sits near 1e-3)", recent[0][0], recent[-1][0], worst[2], self.index,
                          {**evidence, "bound": self.low})

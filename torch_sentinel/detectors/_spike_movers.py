@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._robust import mad_sigma
+from ._robust import mad_sigma, median
 
 __all__ = ["DEPART", "LOGITS", "RISING", "STATS", "Mover", "SpikeWindow", "baseline", "deviation_at", "movers",
            "per_unit", "transform"]
@@ -141,7 +141,7 @@ def departure(y: np.ndarray, stat: str, base: slice, last: int) -> Optional[tupl
     b = b[np.isfinite(b)]
     if len(b) < 2:
         return None
-    med = float(np.median(b))
+    med = median(b)
     spread = mad_sigma(b, med)
     floor = FLOOR[stat] if stat in LOG_STATS else FLOOR[stat] * max(abs(med), 1.0)
     z = (y - med) / max(spread, floor)
@@ -207,6 +207,6 @@ def deviation_at(window: SpikeWindow, stat: str, unit: int, t: int) -> float:
     b = b[np.isfinite(b)]
     if len(b) < 2 or not np.isfinite(y[t]):
         return math.nan
-    med = float(np.median(b))
+    med = median(b)
     spread = max(mad_sigma(b, med), FLOOR[stat])
     return float((y[t] - med) / spread)

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._robust import mad_sigma
+from ._robust import mad_sigma, median
 
 __all__ = ["LossSpike", "RobustLossWatch"]
 
@@ -57,14 +57,14 @@ class RobustLossWatch:
         spike = None
         if len(self._recent) >= self.warmup:
             history = np.fromiter(self._recent, dtype=np.float64, count=len(self._recent))
-            median = float(np.median(history))
-            mad = mad_sigma(history, median)
-            scale = max(mad, self.floor * abs(median), 1e-12)
-            z = (loss - median) / scale
+            centre = median(history)
+            mad = mad_sigma(history, centre)
+            scale = max(mad, self.floor * abs(centre), 1e-12)
+            z = (loss - centre) / scale
             self.last_z = z
             if z > self.z:
                 if not self._in_episode:
-                    spike = LossSpike(step, loss, z, median, scale, len(history))
+                    spike = LossSpike(step, loss, z, centre, scale, len(history))
                 self._in_episode = True
                 self._calm_run = 0
             elif self._in_episode:

@@ -44,6 +44,7 @@ from .._findings import Finding
 from .._record import StepRecord
 from ._curve import SMOOTH
 from ._evidence import RISE_Z, LossHistory, standard_errors
+from ._robust import median
 from .base import Detector, Threshold
 
 __all__ = ["DivergingDetector"]
@@ -101,7 +102,7 @@ class DivergingDetector(Detector):
         found = None
         if len(self._window) == SMOOTH:
             window, self._window = self._window, []
-            found = self._judge((window[0][0], window[-1][0], float(np.median([v for _, v in window]))))
+            found = self._judge((window[0][0], window[-1][0], median([v for _, v in window])))
         if found is None:
             found = self._jump_finding(record.step)
         if found is not None:
@@ -179,7 +180,7 @@ class DivergingDetector(Detector):
             return None
         if self._after_min < self.factor * first[1]:
             return None
-        now = float(np.median(self._recent))
+        now = median(self._recent)
         support, figures = self._unstable(first[0], first[0] + 1)
         message = (f"the training loss jumped after the first update and never came back: step "
                    f"{first[0]} (before any update) had {first[1]:.4g}, every loss of the "
@@ -211,7 +212,7 @@ class DivergingDetector(Detector):
         ahead = [g for s, g in self._grads if s < onset][-max(len(during), SMOOTH):]
         if len(ahead) >= SMOOTH and len(during) >= SMOOTH and self._lr != 0:
             growth = min(float(np.quantile(during, q)) / max(float(np.quantile(ahead, q)), 1e-30) for q in (0.5, 0.9))
-            a, b = float(np.median(ahead)), float(np.median(during))
+            a, b = median(ahead), median(during)
             figures["grad_norm"] = {"before": a, "during": b, "growth": growth}
             if growth >= _GRAD_GROWTH:
                 return f"the gradient norm grew {growth:.3g}x ({a:.3g} to {b:.3g}, median and 90th percentile)", figures

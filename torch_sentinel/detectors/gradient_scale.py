@@ -58,6 +58,7 @@ from .._record import Fact, StepRecord
 from ._common import trained
 from ._evidence import LossHistory, Support
 from ._layers import LayerPlan, is_layer_weight, layers
+from ._robust import median
 from .base import Detector, Threshold
 
 __all__ = ["ExplodingGradientDetector", "LayerDepths", "VanishingGradientDetector"]
@@ -194,7 +195,7 @@ class _GradientScale(Detector):
         if len(recent) < self.min_steps:
             return None
         r = np.array([x[1:4] for x in recent], dtype=np.float64)
-        return (float(np.median(r[:, 0])), float(np.median(r[:, 1])), float(np.median(r[:, 2])),
+        return (median(r[:, 0]), median(r[:, 1]), median(r[:, 2]),
                 recent[-1][4], recent[-1][5], [x[0] for x in recent])
 
 
@@ -242,7 +243,7 @@ class VanishingGradientDetector(_GradientScale):
         if not lags:
             return Support("unsupported", "the updates were not measured (no sampled update step), so the "
                                           "first layers' lag in learning is not shown")
-        lag = float(np.median(lags))
+        lag = median(lags)
         limit = self.threshold("update_lag")
         figures = {"update_lag": lag, "update_lag_threshold": limit, "update_lag_samples": len(lags)}
         if lag < limit:
@@ -316,9 +317,9 @@ class ExplodingGradientDetector(_GradientScale):
                           "ratio_threshold": lim_ratio, "per_layer_threshold": lim_per_layer},
             ))]
         if self._total_count >= 2 * self.min_steps:
-            base = float(np.median([t for _, t in self._first_totals]))
+            base = median([t for _, t in self._first_totals])
             recent = list(self._totals)
-            now = float(np.median([t for _, t in recent]))
+            now = median([t for _, t in recent])
             if base > 0 and now > growth * base:
                 self._reported = True
                 return [self.corroborated(self.finding(

@@ -15,11 +15,10 @@ import collections
 from collections.abc import Iterable
 from typing import Optional
 
-import numpy as np
-
 from .._collect.saturation import SaturatedFractions
 from .._findings import Finding
 from .._record import StepRecord
+from ._robust import median
 from .base import Detector, Threshold
 
 __all__ = ["SaturationDetector"]
@@ -74,16 +73,16 @@ class SaturationDetector(Detector):
         for site, samples in self._samples.items():
             if site in self._reported or site == output or len(samples) < self.min_samples:
                 continue
-            median = float(np.median([f for _, f in samples]))
-            if median <= self.fraction:
+            share = median([f for _, f in samples])
+            if share <= self.fraction:
                 continue
             self._reported.add(site)
             mtype = self.ctx.module_types.get(site, "")
             found.append(self.finding(
-                f"{median:.0%} of the {mtype} outputs of {site} are saturated (pre-activation "
+                f"{share:.0%} of the {mtype} outputs of {site} are saturated (pre-activation "
                 f"beyond +-5) over {len(samples)} sampled steps: almost no gradient passes",
                 module=site, step=samples[-1][0], onset_step=samples[0][0], severity="warning",
-                evidence={"saturated_fraction": median, "steps": [s for s, _ in samples],
+                evidence={"saturated_fraction": share, "steps": [s for s, _ in samples],
                           "fractions": [f for _, f in samples], "threshold": self.fraction},
             ))
         return found

@@ -26,6 +26,7 @@ from .._collect.probes.data import InputRange
 from .._collect.transfer import AsyncFetch
 from .._findings import Finding
 from .._record import StepRecord
+from ._robust import median
 from .base import Detector, Threshold
 
 __all__ = ["UnnormalizedInputDetector"]
@@ -97,7 +98,7 @@ class UnnormalizedInputDetector(Detector):
         s = np.array([x[1:] for x in self._samples], dtype=np.float64)
         if not np.isfinite(s).all():
             return []
-        mean, std = float(np.median(s[:, 0])), float(np.median(s[:, 1]))
+        mean, std = median(s[:, 0]), median(s[:, 1])
         lo, hi = float(s[:, 2].min()), float(s[:, 3].max())
         big = max(abs(mean), std)
         peak = max(abs(lo), abs(hi))

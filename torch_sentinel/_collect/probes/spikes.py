@@ -23,6 +23,7 @@ transforms its head's output; the id's two (max, copy into the slot).
 from __future__ import annotations
 
 import dataclasses
+import math
 import weakref
 from collections.abc import Iterable
 from typing import Any, Optional
@@ -59,14 +60,18 @@ class SpikeForward(Fact):
 
 def _slot(value: float) -> float:
     """A row slot as a number: the untouched initial values (+-float32 max) are nan."""
-    return float("nan") if not np.isfinite(value) or abs(value) >= FLOAT_MAX else float(value)
+    return value if math.isfinite(value) and abs(value) < FLOAT_MAX else math.nan
 
 
 def _forward_figures(record: StepRecord) -> Optional[SpikeForward]:
+    """Decoded for every record the loss-spike detector keeps: plain floats, and numpy only
+    where there are attention modules."""
     if not record.has(SPIKE_INPUT):
         return None
-    attention = record.array(SPIKE_ATTN).astype(np.float64) if record.has(SPIKE_ATTN) else np.zeros(0)
-    attention = np.where(np.abs(attention) >= FLOAT_MAX, np.nan, attention)
+    attention = np.zeros(0)
+    if record.has(SPIKE_ATTN):
+        attention = record.array(SPIKE_ATTN).astype(np.float64)
+        attention[np.abs(attention) >= FLOAT_MAX] = np.nan
     lse = _slot(record.value(SPIKE_OUT, "lse")) if record.has(SPIKE_OUT) else float("nan")
     return SpikeForward(attention, lse, _slot(record.value(SPIKE_INPUT, "ids_max")))
 
