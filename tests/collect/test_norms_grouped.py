@@ -5,25 +5,27 @@ the ones _foreach_norm gives on the loop's own tensors (no_update compares norms
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
 import torch_sentinel
 
 
-def test_grouped_norms_are_bit_identical_to_foreach_norm() -> None:
+@pytest.mark.parametrize("width", [16, 64], ids=["16x16-weights", "64x64-weights-at-the-group-limit"])
+def test_grouped_norms_are_bit_identical_to_foreach_norm(width: int) -> None:
     torch.manual_seed(0)
-    # 6 biases of 16, 6 LayerNorm weights and biases of 16, 6 weights of 16x16 (256 elements:
-    # grouped too), and a 40x16 head (640) alone in its shape.
-    model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(16, 16), nn.LayerNorm(16), nn.Tanh())],
-                          nn.Linear(16, 40))
+    # 6 biases, 6 LayerNorm weights and biases, 6 square weights (256 or 4,096 elements:
+    # grouped too), and a 40-row head alone in its shape.
+    model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(width, width), nn.LayerNorm(width), nn.Tanh())],
+                          nn.Linear(width, 40))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sentinel = torch_sentinel.attach(model, opt)
     grads: dict[int, np.ndarray] = {}
     weights: dict[int, np.ndarray] = {}
     for step in range(12):
         opt.zero_grad()
-        model(torch.randn(8, 16)).pow(2).mean().backward()
+        model(torch.randn(8, width)).pow(2).mean().backward()
         params = list(model.parameters())
         grads[step] = torch.stack(torch._foreach_norm([p.grad for p in params])).numpy().copy()
         weights[step] = torch.stack(torch._foreach_norm([p.detach() for p in params])).numpy().copy()

@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Optional
 
 import numpy as np
 import torch
 
+from . import batch
+from .norm_groups import GroupedCopy, GroupPlan, grouped_norms
 from .spike_stats import stacked_norms
 from .tensors import materialized, reduces
 from .transfer import AsyncFetch
@@ -148,8 +150,9 @@ class _Plan:
         self.optimizer = optimizer
         self.params = params
         self.cols = slice(start, start + len(params))
-        #: A copy of the parameters' samples, taken at the pre-step.
+        #: A copy of the parameters' samples, taken at the pre-step (on CPU, stacked by shape).
         self.shadow: Optional[list[torch.Tensor]] = None
+        self.grouped_shadow: Optional[GroupedCopy] = None
         #: The step whose samples ``shadow`` holds (-1: none): an update is measured only
         #: against the copy taken at the same step's pre-step.
         self.copied = -1
@@ -168,6 +171,19 @@ class _Plan:
         #: The samples of ``exp_avg_sq`` (views, kept with the state they view).
         self._second: Optional[list[torch.Tensor]] = None
         self._state_key: tuple[int, int] = (-1, -1)
+        #: On CPU, where ``_foreach_norm`` is a loop of one dispatch per tensor, small tensors of
+        #: one shape are reduced as the rows of one stack (``norm_groups.py``): the plans, by
+        #: which list they reduce. Float32 only, as the norms probe does.
+        self.grouping = (bool(params) and params[0].device.type == "cpu" and not batch.FUSED_ON_CPU
+                         and all(p.dtype is torch.float32 for p in params))
+        self._group_plans_cache: dict[Hashable, GroupPlan] = {}
+
+    def norms(self, key: str, tensors: list[torch.Tensor], ord: float, out: torch.Tensor) -> None:
+        """``ord``-norms of ``tensors`` into the ring row ``out`` (one value per column)."""
+        if self.grouping:
+            grouped_norms(self._group_plans_cache, key, tensors, out, ord)
+        else:
+            stacked_norms(tensors, ord, out=out)
 
     def materialized(self) -> bool:
         if not self.ready:
@@ -182,7 +198,7 @@ class _Plan:
         if shapes != self.shapes:
             self.shapes = shapes
             self.strides = [sample_stride(p) for p in self.params]
-            self.shadow = None
+            self.shadow = self.grouped_shadow = None
             self._views = _sampled(self.params, self.strides)
             self._addresses = list(map(_DATA_PTR, self.params))
             self.update_scale = _scales(self.params, self._views)
@@ -242,7 +258,12 @@ class SpikeRing:
             return
         samples = plan.samples()
         with torch.no_grad():
-            if plan.shadow is None:
+            if plan.grouping:
+                if plan.grouped_shadow is None:
+                    plan.grouped_shadow = GroupedCopy(samples)
+                else:
+                    plan.grouped_shadow.copy(samples)
+            elif plan.shadow is None:
                 plan.shadow = [t.detach().clone(memory_format=torch.contiguous_format) for t in samples]
             else:
                 torch._foreach_copy_(plan.shadow, samples)
@@ -255,18 +276,22 @@ class SpikeRing:
         row = self.ring[step % self.steps, :, plan.cols]
         weights = plan.params
         samples = plan.samples()
-        have_update = plan.shadow is not None and plan.copied == step
+        have_update = (plan.shadow is not None or plan.grouped_shadow is not None) and plan.copied == step
         with torch.no_grad():
-            if have_update:
+            if have_update and plan.grouped_shadow is not None:
+                plan.grouped_shadow.changed(samples, row[0])  # ||W_before - W_after|| on the sample
+                plan.norms("weight", weights, 2, row[1])
+            elif have_update:
                 assert plan.shadow is not None
                 torch._foreach_sub_(plan.shadow, samples)  # W_before - W_after on the sample
+                # One _foreach_norm for both: a launch saved on an accelerator.
                 stacked_norms(plan.shadow + weights, 2, out=row[0:2])
             else:
                 row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
-                stacked_norms(weights, 2, out=row[1])
+                plan.norms("weight", weights, 2, row[1])
             second = plan.second_moments()
             if second is not None:
-                stacked_norms(second, 1, out=row[2])  # a sum: exp_avg_sq is non-negative
+                plan.norms("second", second, 1, row[2])  # a sum: exp_avg_sq is non-negative
         self.row_steps[id(optimizer)][step % self.steps] = step
 
     def read(self) -> tuple[np.ndarray, dict[int, np.ndarray]]:
@@ -315,4 +340,4 @@ class SpikeRing:
 
     def close(self) -> None:
         for plan in self.plans.values():
-            plan.shadow = None
+            plan.shadow = plan.grouped_shadow = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import warnings
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Optional
 
 import numpy as np
@@ -21,7 +21,7 @@ from ..._record import Fact, StepRecord
 from .. import batch
 from ..cadence import sampled
 from ..ledger import FLOAT_MAX
-from ..norm_groups import GroupPlan, dense_grads
+from ..norm_groups import GroupPlan, dense_grads, grouped_norms
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
 from ..tensors import NATIVE_DTYPES, all_finite, foreach_norms, materialized, reduces
@@ -111,7 +111,7 @@ class NormsProbe(Probe):
         #: the per-op strategy is in use (accelerators, and FUSED_ON_CPU, count kernel launches:
         #: there one _foreach_norm is one launch).
         self._grouping = self._same_device and host.device.type == "cpu" and not batch.FUSED_ON_CPU
-        self._group_plans_cache: dict[int, GroupPlan] = {}
+        self._group_plans_cache: dict[Hashable, GroupPlan] = {}
         host.provide(GradNorms, _grad_norms)
         host.provide(WeightNorms, _weight_norms)
         host.provide(StaleGradients, _stale_gradients)
@@ -244,19 +244,9 @@ class NormsProbe(Probe):
         tensor: half of a 500-parameter model's norm cost is its 64-element biases. A row norm
         over the stack reduces each row as the full reduction of that tensor does (same
         values, bit for bit; below the size where a reduction is split across threads).
+        One plan per list length (gradients; gradients and weights).
         """
-        # One plan per list length (gradients; gradients and weights). Shapes are not scanned
-        # every step: a row norm is the norm of the flattened tensor whatever its shape, and a
-        # parameter whose shape changed so that its group no longer stacks gets a new plan.
-        plans = self._group_plans_cache
-        plan = plans.get(len(tensors))
-        if plan is None:
-            plan = plans[len(tensors)] = GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
-        try:
-            plan.run(tensors, dest)
-        except RuntimeError:
-            plan = plans[len(tensors)] = GroupPlan(tuple(map(_SHAPE, tensors)), dest.device)
-            plan.run(tensors, dest)
+        grouped_norms(self._group_plans_cache, len(tensors), tensors, dest)
 
     def _skip(self, tensors: list[Optional[torch.Tensor]], indices: list[int]) -> None:
         for i in indices:

@@ -1,0 +1,58 @@
+"""The CPU helpers that reduce many small tensors of one shape as the rows of one stack: the
+figures must be the ones a per-tensor ``_foreach_norm`` gives, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_sentinel._collect.norm_groups import GroupedCopy, GroupPlan, grouped_norms
+
+
+def _tensors() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    # Five 64x64 (grouped), five biases of 64 (grouped), two of a shape seen twice (too few to
+    # stack), one over the group limit, a 0-d one.
+    shapes = [(64, 64)] * 5 + [(64,)] * 5 + [(3, 7)] * 2 + [(80, 80), ()]
+    return [torch.randn(s) * 10.0 ** (i % 5 - 2) for i, s in enumerate(shapes)]
+
+
+def _per_tensor(tensors: list[torch.Tensor], ord: float) -> torch.Tensor:
+    return torch.stack(torch._foreach_norm(tensors, ord))
+
+
+@pytest.mark.parametrize("ord", [2.0, 1.0], ids=["l2", "l1"])
+def test_grouped_norms_match_per_tensor_norms(ord: float) -> None:
+    tensors = _tensors()
+    plans: dict = {}
+    dest = torch.full((len(tensors),), float("nan"))
+    grouped_norms(plans, "k", tensors, dest, ord)
+    assert torch.equal(dest, _per_tensor(tensors, ord))
+    assert len(plans["k"].groups) == 2 and len(plans["k"].big) == 4
+
+
+def test_a_group_that_no_longer_stacks_is_planned_again() -> None:
+    tensors = _tensors()
+    plans: dict = {}
+    dest = torch.empty(len(tensors))
+    grouped_norms(plans, "k", tensors, dest)
+    first = plans["k"]
+    tensors[6] = torch.randn(65)  # one bias resized: its group no longer stacks
+    grouped_norms(plans, "k", tensors, dest)
+    assert plans["k"] is not first
+    assert torch.equal(dest, _per_tensor(tensors, 2.0))
+
+
+def test_grouped_copy_measures_the_change_of_each_tensor() -> None:
+    tensors = _tensors()
+    copy = GroupedCopy(tensors)
+    for step in range(3):
+        before = [t.clone() for t in tensors]
+        copy.copy(tensors)
+        for i, t in enumerate(tensors):
+            t.add_(torch.randn_like(t) * (i + step))
+        dest = torch.empty(len(tensors))
+        copy.changed(tensors, dest)
+        expected = _per_tensor([b - t for b, t in zip(before, tensors)], 2.0)
+        assert torch.equal(dest, expected), step
+    assert isinstance(copy.plan, GroupPlan)
