@@ -16,7 +16,10 @@ more passes over it; the forensics compare each figure with its own past, and th
 same elements every step. Per step: one ``_foreach_copy_`` at the pre-step, then one
 ``_foreach_sub_``, one ``_foreach_norm`` over update samples and weights together (stacked
 straight into the row), one ``_foreach_norm`` of order 1 over the ``exp_avg_sq`` samples and
-its stack: a fixed count of launches whatever the number of modules.
+its stack: a fixed count of launches whatever the number of modules. On CPU, where a
+``_foreach`` op is a loop of one dispatch per tensor, tensors of one shape (biases, the samples
+of same-sized weights, weights up to 4,096 elements) are copied, subtracted and reduced as the
+rows of one stack instead (``norm_groups.py``); the figures are the same to the last bit or two.
 
 The samples are views, made again whenever a parameter's storage moved (checked at every pre-
 and post-step by its address): an optimizer or wrapper that swaps a parameter's storage is
