@@ -11,9 +11,9 @@ from torch_sentinel._collect.norm_groups import GroupedCopy, GroupPlan, grouped_
 
 def _tensors() -> list[torch.Tensor]:
     torch.manual_seed(0)
-    # Five 64x64 (grouped), five biases of 64 (grouped), two of a shape seen twice (too few to
-    # stack), one over the group limit, a 0-d one.
-    shapes = [(64, 64)] * 5 + [(64,)] * 5 + [(3, 7)] * 2 + [(80, 80), ()]
+    # Eight 64x64 (grouped), nine biases of 64 (grouped), three of a shape seen three times (too
+    # few to stack), one over the group limit, a 0-d one.
+    shapes = [(64, 64)] * 8 + [(64,)] * 9 + [(3, 7)] * 3 + [(80, 80), ()]
     return [torch.randn(s) * 10.0 ** (i % 5 - 2) for i, s in enumerate(shapes)]
 
 
@@ -28,7 +28,7 @@ def test_grouped_norms_match_per_tensor_norms(ord: float) -> None:
     dest = torch.full((len(tensors),), float("nan"))
     grouped_norms(plans, "k", tensors, dest, ord)
     assert torch.equal(dest, _per_tensor(tensors, ord))
-    assert len(plans["k"].groups) == 2 and len(plans["k"].big) == 4
+    assert len(plans["k"].groups) == 2 and len(plans["k"].big) == 5
 
 
 def test_a_group_that_no_longer_stacks_is_planned_again() -> None:
@@ -37,7 +37,7 @@ def test_a_group_that_no_longer_stacks_is_planned_again() -> None:
     dest = torch.empty(len(tensors))
     grouped_norms(plans, "k", tensors, dest)
     first = plans["k"]
-    tensors[6] = torch.randn(65)  # one bias resized: its group no longer stacks
+    tensors[9] = torch.randn(65)  # one bias resized: its group no longer stacks
     grouped_norms(plans, "k", tensors, dest)
     assert plans["k"] is not first
     assert torch.equal(dest, _per_tensor(tensors, 2.0))

@@ -15,9 +15,9 @@ import torch_sentinel
 @pytest.mark.parametrize("width", [16, 64], ids=["16x16-weights", "64x64-weights-at-the-group-limit"])
 def test_grouped_norms_are_bit_identical_to_foreach_norm(width: int) -> None:
     torch.manual_seed(0)
-    # 6 biases, 6 LayerNorm weights and biases, 6 square weights (256 or 4,096 elements:
+    # 8 biases, 8 LayerNorm weights and biases, 8 square weights (256 or 4,096 elements:
     # grouped too), and a 40-row head alone in its shape.
-    model = nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(width, width), nn.LayerNorm(width), nn.Tanh())],
+    model = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(width, width), nn.LayerNorm(width), nn.Tanh())],
                           nn.Linear(width, 40))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     sentinel = torch_sentinel.attach(model, opt)
