@@ -9,9 +9,10 @@ from typing import Optional
 
 import torch
 
+from . import batch
 from .compat import sparse_values
 
-__all__ = ["GroupPlan", "GroupedCopy", "dense_grads", "grouped_norms"]
+__all__ = ["GroupPlan", "GroupedCopy", "dense_grads", "grouped_norms", "groups_on"]
 
 #: Tensors up to this many elements are normed in stacked groups of one shape on CPU (below
 #: the 32,768-element grain at which a CPU reduction is split across threads, so a row's norm
@@ -22,6 +23,13 @@ _GROUP_MAX_NUMEL = 4096
 #: index_copy_) where the loop inside one _foreach_norm is one, and under eight members the
 #: time it saves on CPU (4 us for four 4,096-element tensors) does not pay for them.
 _GROUP_MIN = 8
+
+
+def groups_on(device: torch.device) -> bool:
+    """Whether small tensors on ``device`` are reduced in stacked groups: on CPU, where the
+    per-op strategy is in use. Accelerators (and ``batch.FUSED_ON_CPU``, the launch-count
+    tests) count kernel launches: there one ``_foreach_norm`` is one launch."""
+    return device.type == "cpu" and not batch.FUSED_ON_CPU
 
 
 class GroupPlan:
@@ -40,12 +48,16 @@ class GroupPlan:
                        for members in by_shape.values() if len(members) >= _GROUP_MIN]
 
     def run(self, tensors: list[torch.Tensor], dest: torch.Tensor, ord: float = 2.0) -> None:
-        if self.big:
-            norms = torch.stack(torch._foreach_norm([tensors[i] for i in self.big], ord))
-            dest.index_copy_(0, self.big_index, norms.to(dest.dtype))
-        for members, index in self.groups:
-            rows = torch.stack([tensors[i] for i in members]).view(len(members), -1)
-            dest.index_copy_(0, index, torch.linalg.vector_norm(rows, ord, dim=1).to(dest.dtype))
+        self.write([tensors[i] for i in self.big],
+                   [torch.stack([tensors[i] for i in members]) for members, _ in self.groups], dest, ord)
+
+    def write(self, big: list[torch.Tensor], stacks: list[torch.Tensor], dest: torch.Tensor, ord: float) -> None:
+        """``ord``-norms into ``dest``: of ``big`` (the tensors at ``self.big``) one by one, and
+        of the rows of ``stacks`` (one per group, its members stacked in order)."""
+        if big:
+            dest.index_copy_(0, self.big_index, torch.stack(torch._foreach_norm(big, ord)).to(dest.dtype))
+        for (members, index), rows in zip(self.groups, stacks):
+            dest.index_copy_(0, index, torch.linalg.vector_norm(rows.view(len(members), -1), ord, dim=1).to(dest.dtype))
 
 
 def grouped_norms(plans: dict[Hashable, GroupPlan], key: Hashable, tensors: list[torch.Tensor],
@@ -88,13 +100,11 @@ class GroupedCopy:
 
     def changed(self, tensors: list[torch.Tensor], dest: torch.Tensor, ord: float = 2.0) -> None:
         """``ord``-norms of (copy - ``tensors``) into the 1-d ``dest``; the copy is spent."""
-        plan = self.plan
         if self._big:
-            torch._foreach_sub_(self._big, [tensors[i] for i in plan.big])
-            dest.index_copy_(0, plan.big_index, torch.stack(torch._foreach_norm(self._big, ord)).to(dest.dtype))
-        for rows, buffer, (members, index) in zip(self._rows, self._buffers, plan.groups):
+            torch._foreach_sub_(self._big, [tensors[i] for i in self.plan.big])
+        for rows, buffer in zip(self._rows, self._buffers):
             buffer.sub_(torch.stack(rows(tensors)))
-            dest.index_copy_(0, index, torch.linalg.vector_norm(buffer.view(len(members), -1), ord, dim=1).to(dest.dtype))
+        self.plan.write(self._big, self._buffers, dest, ord)
 
 
 _SHAPE = operator.attrgetter("shape")

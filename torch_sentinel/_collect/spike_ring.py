@@ -46,8 +46,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from . import batch
-from .norm_groups import GroupedCopy, GroupPlan, grouped_norms
+from .norm_groups import GroupedCopy, GroupPlan, grouped_norms, groups_on
 from .spike_stats import stacked_norms
 from .tensors import materialized, reduces
 from .transfer import AsyncFetch
@@ -177,7 +176,7 @@ class _Plan:
         #: On CPU, where ``_foreach_norm`` is a loop of one dispatch per tensor, small tensors of
         #: one shape are reduced as the rows of one stack (``norm_groups.py``): the plans, by
         #: which list they reduce. Float32 only, as the norms probe does.
-        self.grouping = (bool(params) and params[0].device.type == "cpu" and not batch.FUSED_ON_CPU
+        self.grouping = (bool(params) and groups_on(params[0].device)
                          and all(p.dtype is torch.float32 for p in params))
         self._group_plans_cache: dict[Hashable, GroupPlan] = {}
 

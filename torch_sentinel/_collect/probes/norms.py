@@ -18,10 +18,9 @@ import numpy as np
 import torch
 
 from ..._record import Fact, StepRecord
-from .. import batch
 from ..cadence import sampled
 from ..ledger import FLOAT_MAX
-from ..norm_groups import GroupPlan, dense_grads, grouped_norms
+from ..norm_groups import GroupPlan, dense_grads, grouped_norms, groups_on
 from ..probe import Probe, ProbeHost
 from ..shards import ShardedNorms, local
 from ..tensors import NATIVE_DTYPES, all_finite, foreach_norms, materialized, reduces
@@ -107,10 +106,8 @@ class NormsProbe(Probe):
         self._skipped: set[torch.dtype] = set()
         #: The step whose row holds a stale-gradient norm (it may have to be taken back).
         self._stale_step = -1
-        #: Small tensors are normed in stacked groups (see _grouped_norms): CPU rows only, where
-        #: the per-op strategy is in use (accelerators, and FUSED_ON_CPU, count kernel launches:
-        #: there one _foreach_norm is one launch).
-        self._grouping = self._same_device and host.device.type == "cpu" and not batch.FUSED_ON_CPU
+        #: Small tensors are normed in stacked groups (see _grouped_norms): CPU rows only.
+        self._grouping = self._same_device and groups_on(host.device)
         self._group_plans_cache: dict[Hashable, GroupPlan] = {}
         host.provide(GradNorms, _grad_norms)
         host.provide(WeightNorms, _weight_norms)
