@@ -45,19 +45,21 @@ def to_markdown(results: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "**Overhead** of watching all four formats (`precision=('bf16', 'fp16', 'e4m3', 'e5m2')`) "
               "against the same sentinel with `precision=()`, total time over the phase, steps interleaved:", "",
-              "| model | phase | steps (sampled) | bare ms/step | precision / sentinel | sentinel / bare | "
-              "sentinel+precision / bare | extra ms per sampled step |", "|---|---|---|---|---|---|---|---|"]
+              "| model | phase | steps (sampled, with histograms) | bare ms/step | precision / sentinel | sentinel / bare | "
+              "sentinel+precision / bare | extra ms per histogram step |", "|---|---|---|---|---|---|---|---|"]
     for r in results["overhead"]:
         for phase, label in (("first", "steps 0-99"), ("steady", "steady state")):
             e = r[phase]
             extra = "-" if e["sampled_step_extra_ms"] is None else f"{e['sampled_step_extra_ms']:.1f}"
-            lines.append(f"| {r['model']} | {label} | {e['steps']} ({e['sampled_steps']}) | {e['bare_ms']:.1f} | "
+            lines.append(f"| {r['model']} | {label} | {e['steps']} ({e['sampled_steps']}, {e.get('histogram_steps', '-')}) | {e['bare_ms']:.1f} | "
                          f"{e['precision_vs_sentinel']:.3f} | {e['sentinel_vs_bare']:.3f} | "
                          f"{e['precision_vs_bare']:.3f} | {extra} |")
     lines += ["", "The two phases differ in how often a step is sampled, not in what a sample costs (the last "
-              "column): the first 100 steps sample all of steps 0-9 and then every tenth (19 steps), the steady "
-              "state one step in 50 (`_collect/cadence.py`, the schedule every sampling probe shares). The first "
-              "phase's ratio is the one a short run pays; a long run's average tends to the steady state's."]
+              "column): the first 100 steps sample all of steps 0-9 and then every tenth (19 steps; "
+              "`_collect/cadence.py`, the schedule every sampling probe shares), the steady state one step in 50. "
+              "Of the first 19, steps 3-9 take only each tensor's amax, for the overflow trend "
+              "(`precision/probe.py`, `histogram_step`): 12 take histograms. The first phase's ratio is the one a "
+              "short run pays; a long run's average tends to the steady state's."]
     d = results["device_cost"]
     lines += ["", f"**Device cost** of one tensor ({d['numel']:,} float32 elements, one CPU thread, median of "
               "interleaved rounds):", "", "| what | ns per element |", "|---|---|"]

@@ -207,3 +207,41 @@ def test_no_tanh_output_is_held_past_its_forward_by_the_saturation_probe(check: 
 def test_no_tanh_output_is_held_past_a_forward_that_raised() -> None:
     model = _stack(10, bad=8, at=0)  # a NaN at module 8, found at the end of the forward
     assert _tanh_outputs_held(model, "immediate") == []
+
+
+def _reduce(tensors: list[torch.Tensor], slots: list[int], stack_min: int, immediate: bool,
+            monkeypatch: pytest.MonkeyPatch) -> tuple[np.ndarray, list[int]]:
+    """The ledger row after one loop-strategy flush of ``tensors`` into the pairs ``slots``,
+    and the entries reported bad, in order."""
+    from torch_sentinel._collect.dtypes import DtypePolicy
+    from torch_sentinel._collect.ledger import Ledger
+
+    monkeypatch.setattr(batch, "_STACK_MIN", stack_min)
+    ledger = Ledger(torch.device("cpu"))
+    lo, hi = ledger.add_minmax_block("out", [f"m{i}" for i in range(8)])
+    pending = batch.BatchedMax(ledger, DtypePolicy(ledger), fused=False)
+    pending.immediate = immediate
+    reported: list[int] = []
+    written: set[int] = set()
+    for i, (t, s) in enumerate(zip(tensors, slots)):
+        pending.add(t, lo.start + s, hi.start + s, "test", lambda _t, i=i: reported.append(i), written)
+    pending.flush(written)
+    return ledger.current.numpy().copy(), reported
+
+
+@pytest.mark.parametrize("immediate", [False, True], ids=["deferred", "immediate"])
+def test_the_loop_strategy_stacks_tensors_of_one_shape_with_the_same_results(
+        immediate: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(3, 5, generator=g) * (i + 1) for i in range(6)]  # one group of six
+    tensors += [torch.randn(7, generator=g), torch.randn(3, 5, generator=g).half()]  # left alone
+    tensors += [torch.randn(3, 5, generator=g) * 9]  # slot 1 again: a module called twice
+    tensors[4][1, 2] = float("nan")
+    tensors[7][0, 0] = float("inf")
+    slots = [0, 1, 2, 3, 4, 5, 6, 7, 1]
+    one_by_one, bad_alone = _reduce(tensors, slots, 10**6, immediate, monkeypatch)
+    stacked, bad_stacked = _reduce(tensors, slots, 4, immediate, monkeypatch)
+    np.testing.assert_array_equal(stacked, one_by_one)
+    assert math.isnan(stacked[4]) and math.isinf(stacked[8 + 7])
+    assert stacked[1] == min(tensors[1].min().item(), tensors[8].min().item())
+    assert bad_stacked == bad_alone == ([4, 7] if immediate else [])

@@ -80,6 +80,21 @@ def test_launching_ops_added_per_module_per_step(name: str, check: str) -> None:
     assert 0 < per_module <= LIMITS[name], f"{per_module:.3f} per module per step; added ops: {added}"
 
 
+#: The CPU path a CPU user runs (``check="auto"``, the loop strategy), every detector on: the
+#: issue-22 target is 0.5 on the stack (0.38 measured). GPT-2 without ``loss_spike`` (0.57
+#: measured): its custom blocks' 35 output gradients a step, three shapes, are stacked per shape
+#: (one aminmax per tensor was 0.97).
+CPU_LIMITS = {"stack100": (0.5, frozenset()), "gpt2-4": (0.65, frozenset({"loss_spike"}))}
+
+
+@pytest.mark.parametrize("name", list(CPU_LIMITS), ids=list(CPU_LIMITS))
+def test_launching_ops_added_per_module_per_step_on_the_cpu_path(name: str) -> None:
+    build = {"stack100": _stack, "gpt2-4": _gpt2}[name]
+    limit, disable = CPU_LIMITS[name]
+    r = added_launches(build, False, "auto", disable, warm=110, steps=20, flush_every=1000)
+    assert 0 < r["per_module"] <= limit, f"{r['per_module']:.3f} per module per step; added ops: {r['ops']}"
+
+
 def _stack50() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
     model = nn.Sequential(*[nn.Linear(16, 16) if i % 2 == 0 else nn.Tanh() for i in range(50)])
     g = torch.Generator().manual_seed(0)

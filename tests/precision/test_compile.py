@@ -49,7 +49,8 @@ def test_compiled_rows_match_eager_ones_and_the_graph_holds() -> None:
     compiled, compiled_findings = _run(compiled=True)
     assert dict(counters["graph_break"]) == {}
     steps = sorted({r.step for r in compiled.rows})
-    assert steps == [*range(10), 10, 20]  # sampled steps only, though the graph runs every step
+    # Histogram steps only (3-9 are amax samples), though the graph runs every step.
+    assert steps == [0, 1, 2, 10, 20]
     for module in ("0", "2", "3", "4"):
         for fmt in ("fp16", "e4m3"):
             got, want = compiled.of(module, "activation", fmt), eager.of(module, "activation", fmt)

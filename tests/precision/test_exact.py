@@ -110,11 +110,13 @@ def test_a_scale_is_multiplied_in_before_counting() -> None:
     assert tensor.amax[0] == 2.0**-4
 
 
-def test_the_workspace_path_counts_as_the_allocating_one() -> None:
+@pytest.mark.parametrize("chunk", [1 << 17, 64], ids=["one-chunk", "many-chunks"])
+def test_the_workspace_path_counts_as_the_allocating_one(chunk: int) -> None:
     g = torch.Generator().manual_seed(3)
     tensors = [_adversarial(FORMATS["fp16"]), torch.randn(40, 30, generator=g).t() * 1e3,
-               torch.randn(7, generator=g).half(), torch.randn(500, generator=g) * 2.0**-130]
-    workspace = Workspace(torch.device("cpu"))
+               torch.randn(7, generator=g).half(), torch.randn(500, generator=g) * 2.0**-130,
+               torch.randn(1001, generator=g) * 2.0**14]
+    workspace = Workspace(torch.device("cpu"), chunk=chunk)
     with_ws = torch.zeros(TABLES.width, dtype=torch.int64)
     without = torch.zeros(TABLES.width, dtype=torch.int64)
     for x in tensors:  # the workspace grows and shrinks its views across sizes

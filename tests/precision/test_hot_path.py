@@ -74,6 +74,13 @@ def test_ordinary_steps_launch_nothing_more(check: str) -> None:
     assert sampled_on > sampled_off and sampled_ops.get("bincount", 0) + sampled_ops.get("index_add_", 0) > 0
 
 
+def test_sampled_steps_3_to_9_take_only_amax_without_a_histogram() -> None:
+    _, amax_ops = _loop(ALL, "immediate", range(3, 10), count_launches)
+    _, histogram_ops = _loop(ALL, "immediate", range(10, 11), count_launches)
+    assert "bincount" not in amax_ops and amax_ops.get("amax", 0) > 0, amax_ops
+    assert histogram_ops.get("bincount", 0) > 0, histogram_ops
+
+
 def test_a_float32_run_with_the_defaults_pays_nothing_even_on_sampled_steps() -> None:
     steps = range(0, 3)
     off, _ = _loop((), "deferred", steps, count_launches)

@@ -71,3 +71,36 @@ def test_steps_that_go_back_start_the_series_again() -> None:
         trend.add(s, 2.0**s)
     trend.add(0, 1.0)  # a resumed run renumbered from 0
     assert list(trend.samples) == [(0, 0.0)]
+
+
+def test_amax_samples_extend_the_trend_without_rows() -> None:
+    """Steps 3-9 are amax samples (``probe.histogram_step``): no rows, but their points are in
+    the fit, so the row at step 10 fits the last eight samples (3..10), not 0, 1, 2 and 10."""
+    import numpy as np
+
+    from torch_sentinel.precision.layout import BinLayout
+    from torch_sentinel.precision.monitor import PrecisionMonitor, Sample, TensorRow
+    from torch_sentinel.precision.probe import histogram_step
+
+    layout = BinLayout.default()
+    assert [s for s in range(25) if sampled(s) and histogram_step(s)] == [0, 1, 2, 10, 20]
+
+    def sample(step: int, full: bool) -> Sample:
+        amax = np.float32(3.0 * 1.1**step)
+        counts = np.zeros((1, layout.bins), dtype=np.int64)
+        if full:
+            counts[0, layout.position(f"binade:{math.floor(math.log2(amax))}") + 1] = 1
+        return Sample(step, counts, np.array([amax]).view(np.int32).astype(np.int64), False, full)
+
+    rows = {}
+    for with_amax_samples in (True, False):
+        monitor = PrecisionMonitor(layout, [TensorRow("0", "activation")])
+        out = []
+        for step in range(11):
+            if histogram_step(step) or with_amax_samples:
+                out.append(monitor.derive(sample(step, histogram_step(step)), ("fp16",), None))
+        assert [len(r) for r in out if r] == [1, 1, 1, 1] and sum(not r for r in out) == (7 if with_amax_samples else 0)
+        rows[with_amax_samples] = out[-1][0]
+    assert rows[True].trend_span == 7 and rows[False].trend_span == 10
+    overflow = math.log(65520.0 / 3.0) / math.log(1.1)
+    assert rows[True].predicted_overflow_step == pytest.approx(math.ceil(overflow), abs=1)

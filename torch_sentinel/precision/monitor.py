@@ -17,7 +17,7 @@ import numpy as np
 
 from .derive import finite_or_none, flushed_share, format_figures, tensor_figures
 from .formats import FORMATS
-from .layout import BinLayout
+from .layout import BinLayout, float32_from_bits
 from .trend import AmaxTrend
 
 __all__ = ["ROW_FIELDS", "PrecisionMonitor", "PrecisionRow", "Sample", "TensorRow"]
@@ -47,6 +47,8 @@ class Sample:
     amax_bits: np.ndarray
     #: The gradient rows were multiplied by a GradScaler's scale.
     scaled: bool
+    #: Histograms were taken (False: an ``amax`` sample, ``counts`` all zero, for the trend).
+    full: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +106,11 @@ class PrecisionMonitor:
 
     def derive(self, sample: Sample, formats: tuple[str, ...], compute_format: Optional[str]) -> list[PrecisionRow]:
         """The rows of one sample in each of ``formats``; ``compute_format`` is the format the
-        run computes in (None: float32), for the underflow share and the rows' ``compute``."""
+        run computes in (None: float32), for the underflow share and the rows' ``compute``.
+        An ``amax`` sample (``full`` false) only extends the trends: no rows."""
+        if not sample.full:
+            self._extend_trends(sample)
+            return []
         layout = self.layout
         tensor = tensor_figures(sample.counts, sample.amax_bits, layout)
         tails = layout.tails(np.asarray(sample.counts, dtype=np.int64))
@@ -150,3 +156,13 @@ class PrecisionMonitor:
                     flushed_basis=basis, scaled=scaled,
                 ))
         return out
+
+    def _extend_trends(self, sample: Sample) -> None:
+        """An ``amax`` sample into the trends: rows whose tensor was seen (a largest magnitude
+        above 0), finite, and not scaled by a GradScaler (see :meth:`derive`)."""
+        amax = float32_from_bits(sample.amax_bits)
+        for i, value in enumerate(amax.tolist()):
+            if sample.scaled and self.rows[i].tensor == "gradient":
+                continue
+            if value > 0 and math.isfinite(value):
+                self._trends.setdefault(i, AmaxTrend(self.window)).add(sample.step, value)

@@ -18,6 +18,10 @@ gradients of each module's own parameters, together. On a sampled step (``cadenc
   published with the step it landed on; the last sampled step of a run whose training ends
   right after may not land before detach.
 
+Steps 3-9 are sampled for the other probes but take no histogram here: only each tensor's
+largest magnitude (``add_amax``), which extends the overflow trend and publishes no row (see
+:func:`histogram_step`).
+
 Ordinary steps launch nothing. Under ``torch.compile`` the output histograms are traced into
 the graph, which then computes them on every step: the buffer is cleared after each step and
 only sampled steps are copied.
@@ -37,14 +41,14 @@ from typing import Any, ClassVar, Optional
 import torch
 from torch import nn
 
-from .._collect.cadence import WIDEN_AT, sampled
+from .._collect.cadence import sampled
 from .._collect.compat import sparse_values
 from .._collect.probe import Probe, ProbeHost
 from .._collect.shards import local
 from .._collect.tensors import VALUE_PRESERVING, materialized, reducible
 from .._collect.transfer import HostRing
 from .._record import Fact, StepMeta
-from .histogram import DeviceTables, Workspace, add_histogram
+from .histogram import DeviceTables, Workspace, add_amax, add_histogram
 from .layout import BinLayout
 from .monitor import PrecisionMonitor, PrecisionRow, Sample, TensorRow
 
@@ -117,11 +121,12 @@ class PrecisionProbe(Probe):
         #: The step whose histograms the buffer holds (eager steps), -1: none.
         self._filling = -1
         self._scaled = False
-        #: Intermediates of the step being filled (CPU, eager): one allocation instead of page
-        #: faults on every op. Kept between the dense samples of the first ``WIDEN_AT`` steps
-        #: (10 apart; a fresh one per sample cost a third of a sample's time on the benchmark
-        #: MLP, its pages faulted in again each time), dropped when a later sample's row closes.
-        self._workspace: Optional[Workspace] = None
+        #: Whether the step being filled takes histograms (else only each tensor's amax).
+        self._full = True
+        #: Intermediates on CPU (eager): one chunk's buffers, 2.5 MB, kept for the run (a fresh
+        #: allocation per sample cost a third of a sample's time on the benchmark MLP, its pages
+        #: faulted in again each time).
+        self._workspace: Optional[Workspace] = Workspace(host.device) if host.device.type == "cpu" else None
         half = _param_format(host.param_tensors)
         if half is not None:
             self._settle(half)
@@ -159,7 +164,10 @@ class PrecisionProbe(Probe):
             if not sampled(step):
                 return
             self._begin(step)
-        add_histogram(t, self.buffer[row], self.tables, workspace=None if compiling else self._workspace)
+        if compiling or self._full:
+            add_histogram(t, self.buffer[row], self.tables, workspace=None if compiling else self._workspace)
+        else:
+            add_amax(t, self.buffer[row], self.tables)
 
     def on_pre_step(self, optimizer: Optional[torch.optim.Optimizer]) -> None:
         host = self.host
@@ -176,18 +184,20 @@ class PrecisionProbe(Probe):
             if grad.is_sparse:
                 grad = sparse_values(grad)
             grad = local(grad)
-            if reducible(grad):
+            if not reducible(grad):
+                continue
+            if self._full:
                 add_histogram(grad, self.buffer[self._grad_row[id(p)]], self.tables, scale, self._workspace)
+            elif scale is None:  # an amax sample of scaled gradients: no trend there (monitor.py)
+                add_amax(grad, self.buffer[self._grad_row[id(p)]], self.tables)
 
     def on_row_close(self, meta: StepMeta) -> None:
         if not self.watched:
             return
         if self._filling == meta.step or (self.host.traced and sampled(meta.step)):
-            self._ring.push(self.buffer.view(-1), (meta.step, self._scaled))
+            self._ring.push(self.buffer.view(-1), (meta.step, self._scaled, histogram_step(meta.step)))
             self._filling = -1
             self._scaled = False
-            if meta.step + 1 >= WIDEN_AT:
-                self._workspace = None  # samples 50 steps apart: not held between them
         if self._ring.pending():
             self._publish_landed()
 
@@ -206,21 +216,31 @@ class PrecisionProbe(Probe):
         if self._filling != step and not self.host.traced:
             self.buffer.zero_()
             self._scaled = False
-        if self._workspace is None and self.host.device.type == "cpu":
-            self._workspace = Workspace(self.host.device)
         self._filling = step
+        self._full = histogram_step(step)
 
     def _publish_landed(self) -> None:
         """Rows of the samples whose copy landed, as this step's fact (host work, no wait)."""
         width = self.tables.width
         formats = self.watched or ()
         rows: list[PrecisionRow] = []
-        for (step, scaled), values in self._ring.drain(block=False):
+        for (step, scaled, full), values in self._ring.drain(block=False):
             table = values.reshape(len(self.rows), width)
-            rows.extend(self.monitor.derive(Sample(step, table[:, :-1], table[:, -1], scaled), formats,
+            rows.extend(self.monitor.derive(Sample(step, table[:, :-1], table[:, -1], scaled, full), formats,
                                             self.compute_format))
         if rows:
             self.host.publish(PrecisionRows(tuple(rows), formats, self.compute_format))
+
+
+def histogram_step(step: int) -> bool:
+    """Whether the sampled ``step`` takes histograms: the first three steps, then the sampled
+    steps after step 9 (every tenth, then every fiftieth). Steps 3-9, sampled for the other
+    probes, take only each tensor's ``amax``, for the overflow trend: a histogram there cost the
+    first 100 steps a third more (CNN: 19 histogram samples instead of 12), where the trend
+    needs the points (with histograms on steps 0-2 and every tenth only, the overflow of the
+    runs that overflow by step 56 was predicted off by more than two steps) and the underflow
+    rule its three samples, steps 0-2."""
+    return sampled(step, first=3)
 
 
 def _param_format(params: list[torch.Tensor]) -> Optional[str]:
