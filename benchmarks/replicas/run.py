@@ -224,6 +224,10 @@ def _worker(rank: int, port: int, cfg_dict: dict[str, Any], out: str) -> None:
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(result, f)
+        # Both ranks out of every collective before either tears the group down: a rank that
+        # left early once closed its gloo pairs under the other, which aborted (SIGABRT,
+        # "terminate called without an active exception") on a loaded 2-core CI machine.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
