@@ -1,7 +1,7 @@
 """Proof for the low-precision headroom (``torch_sentinel/precision/``, issue 23 part B).
 
 ```
-python -m benchmarks.precision              # ~10 minutes on 2 shared CPU cores
+python -m benchmarks.precision              # ~6 minutes on 2 quiet CPU cores
 python -m benchmarks.precision --quick      # a smoke run: fewer tensors, runs and steps
 ```
 
