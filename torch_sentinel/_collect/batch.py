@@ -36,6 +36,7 @@ are per module, so localisation stays exact.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 from typing import Callable, Optional
 
 import numpy as np
@@ -45,7 +46,7 @@ from .dtypes import DtypePolicy
 from .ledger import Ledger
 from .transfer import read_now
 
-__all__ = ["FUSED_ON_CPU", "BatchedFractions", "BatchedMax"]
+__all__ = ["FUSED_ON_CPU", "BatchedFractions", "BatchedMax", "small_groups"]
 
 #: Called with the offending tensor when its batched result is non-finite (immediate mode).
 OnBad = Callable[[torch.Tensor], None]
@@ -62,16 +63,24 @@ _STACK_MAX_NUMEL = 1 << 14
 _STACK_MIN = 4
 
 
+def small_groups(keys: Sequence[Hashable], numels: Sequence[int], max_numel: int, min_members: int) -> list[list[int]]:
+    """Positions of the entries that can be stacked together: those with one key (a shape, with
+    the dtype and device where they vary), of 1 to ``max_numel`` elements, in groups of at least
+    ``min_members``, each in order. Shared by the batched checks and ``norm_groups``."""
+    by: dict[Hashable, list[int]] = {}
+    for i, (key, n) in enumerate(zip(keys, numels)):
+        if 0 < n <= max_numel:
+            by.setdefault(key, []).append(i)
+    return [members for members in by.values() if len(members) >= min_members]
+
+
 def _stack_groups(tensors: list[torch.Tensor]) -> list[list[int]]:
     """Indices of the tensors reduced together: those of one dtype, device and shape (small,
     and at least ``_STACK_MIN`` of them)."""
     if len(tensors) < _STACK_MIN:
         return []
-    by: dict[tuple[torch.dtype, torch.device, torch.Size], list[int]] = {}
-    for i, t in enumerate(tensors):
-        if 0 < t.numel() <= _STACK_MAX_NUMEL:
-            by.setdefault((t.dtype, t.device, t.shape), []).append(i)
-    return [members for members in by.values() if len(members) >= _STACK_MIN]
+    return small_groups([(t.dtype, t.device, t.shape) for t in tensors], [t.numel() for t in tensors],
+                        _STACK_MAX_NUMEL, _STACK_MIN)
 
 
 class SlotIndex:
@@ -148,8 +157,8 @@ class BatchedMax:
         views, dtype = ledger.views, ledger.dtype
         stacked = _stack_groups(tensors)
         grouped: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        row = ledger.current
         for members in stacked:
-            row = ledger.current
             x = torch.stack([tensors[i] for i in members]).view(len(members), -1)
             mins, maxs = torch.aminmax(x, dim=1)
             if mins.dtype is not row.dtype:

@@ -37,15 +37,11 @@ class GroupPlan:
 
     def __init__(self, sizes: tuple[torch.Size, ...], device: torch.device) -> None:
         self.sizes = sizes
-        by_shape: dict[torch.Size, list[int]] = {}
-        for i, shape in enumerate(sizes):
-            if 0 < shape.numel() <= _GROUP_MAX_NUMEL:
-                by_shape.setdefault(shape, []).append(i)
-        grouped = {i for members in by_shape.values() if len(members) >= _GROUP_MIN for i in members}
+        stacked = batch.small_groups(sizes, [shape.numel() for shape in sizes], _GROUP_MAX_NUMEL, _GROUP_MIN)
+        grouped = {i for members in stacked for i in members}
         self.big = [i for i in range(len(sizes)) if i not in grouped]
         self.big_index = torch.tensor(self.big, dtype=torch.long, device=device)
-        self.groups = [(members, torch.tensor(members, dtype=torch.long, device=device))
-                       for members in by_shape.values() if len(members) >= _GROUP_MIN]
+        self.groups = [(members, torch.tensor(members, dtype=torch.long, device=device)) for members in stacked]
 
     def run(self, tensors: list[torch.Tensor], dest: torch.Tensor, ord: float = 2.0) -> None:
         self.write([tensors[i] for i in self.big],

@@ -104,12 +104,7 @@ def add_histogram(t: torch.Tensor, row: torch.Tensor, tables: DeviceTables,
             ``bincount``, whose output size is a device read on an accelerator); None: the
             allocating path, for accelerators and ``torch.compile``.
     """
-    x = t.detach()
-    if x.dtype is not torch.float32:
-        x = x.float()
-    if scale is not None:
-        x = x * scale
-    flat = x.reshape(-1).view(torch.int32)
+    flat = _float32_bits(t, scale)
     if workspace is not None:
         _add_in_chunks(flat, row, tables, workspace)
         return
@@ -148,8 +143,15 @@ def add_amax(t: torch.Tensor, row: torch.Tensor, tables: DeviceTables) -> None:
     """Fold only ``t``'s largest magnitude's float32 bits into ``row[bins]``, as
     :func:`add_histogram` does (NaN's patterns above inf's): an ``amax`` sample, about a
     tenth of a histogram's cost."""
+    bits = torch.bitwise_and(_float32_bits(t, None), _ABS_MASK)
+    torch.maximum(row[tables.bins], bits.amax(), out=row[tables.bins])
+
+
+def _float32_bits(t: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
+    """``t`` (times ``scale``) as float32, flat, viewed as its int32 bit patterns."""
     x = t.detach()
     if x.dtype is not torch.float32:
         x = x.float()
-    bits = torch.bitwise_and(x.reshape(-1).view(torch.int32), _ABS_MASK)
-    torch.maximum(row[tables.bins], bits.amax(), out=row[tables.bins])
+    if scale is not None:
+        x = x * scale
+    return x.reshape(-1).view(torch.int32)

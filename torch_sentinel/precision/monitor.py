@@ -158,11 +158,9 @@ class PrecisionMonitor:
         return out
 
     def _extend_trends(self, sample: Sample) -> None:
-        """An ``amax`` sample into the trends: rows whose tensor was seen (a largest magnitude
-        above 0), finite, and not scaled by a GradScaler (see :meth:`derive`)."""
+        """An ``amax`` sample into the trends, but scaled gradients' (see :meth:`derive`); the
+        trend itself leaves out zero (a tensor not seen) and non-finite values."""
         amax = float32_from_bits(sample.amax_bits)
         for i, value in enumerate(amax.tolist()):
-            if sample.scaled and self.rows[i].tensor == "gradient":
-                continue
-            if value > 0 and math.isfinite(value):
+            if not (sample.scaled and self.rows[i].tensor == "gradient"):
                 self._trends.setdefault(i, AmaxTrend(self.window)).add(sample.step, value)

@@ -121,8 +121,6 @@ class PrecisionProbe(Probe):
         #: The step whose histograms the buffer holds (eager steps), -1: none.
         self._filling = -1
         self._scaled = False
-        #: Whether the step being filled takes histograms (else only each tensor's amax).
-        self._full = True
         #: Intermediates on CPU (eager): one chunk's buffers, 2.5 MB, kept for the run (a fresh
         #: allocation per sample cost a third of a sample's time on the benchmark MLP, its pages
         #: faulted in again each time).
@@ -164,7 +162,7 @@ class PrecisionProbe(Probe):
             if not sampled(step):
                 return
             self._begin(step)
-        if compiling or self._full:
+        if compiling or histogram_step(self.host.step):
             add_histogram(t, self.buffer[row], self.tables, workspace=None if compiling else self._workspace)
         else:
             add_amax(t, self.buffer[row], self.tables)
@@ -177,6 +175,7 @@ class PrecisionProbe(Probe):
         scale = host.ledger.views[self._scale_slot] if host.meta.amp else None
         self._scaled = self._scaled or scale is not None
         held = None if optimizer is None else {id(p) for g in optimizer.param_groups for p in g["params"]}
+        full = histogram_step(host.step)
         for p in host.param_tensors:
             grad = p.grad
             if grad is None or (held is not None and id(p) not in held):
@@ -186,7 +185,7 @@ class PrecisionProbe(Probe):
             grad = local(grad)
             if not reducible(grad):
                 continue
-            if self._full:
+            if full:
                 add_histogram(grad, self.buffer[self._grad_row[id(p)]], self.tables, scale, self._workspace)
             elif scale is None:  # an amax sample of scaled gradients: no trend there (monitor.py)
                 add_amax(grad, self.buffer[self._grad_row[id(p)]], self.tables)
@@ -217,7 +216,6 @@ class PrecisionProbe(Probe):
             self.buffer.zero_()
             self._scaled = False
         self._filling = step
-        self._full = histogram_step(step)
 
     def _publish_landed(self) -> None:
         """Rows of the samples whose copy landed, as this step's fact (host work, no wait)."""
