@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import socket
@@ -229,7 +230,13 @@ def _worker(rank: int, port: int, cfg_dict: dict[str, Any], out: str) -> None:
         # "terminate called without an active exception") on a loaded 2-core CI machine.
         dist.barrier()
     finally:
+        gc.collect()  # models in reference cycles still hold the group: free them while it exists
         dist.destroy_process_group()
+    # The result is written: leave without the interpreter's finalisation, where C++ destructors
+    # race gloo's threads (that is where the abort above comes from).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run(cfg: Config) -> dict[str, Any]:

@@ -8,33 +8,18 @@ at the start of steps 0, 3, 6 and 9: a fault at step 4 or 5 is first seen at ste
 
 from __future__ import annotations
 
-import datetime
-import importlib
-import json
 import logging
-import os
-import socket
-import time
-import traceback
 import warnings
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 WORLD = 4
 TIMEOUT_S = 150
 STEPS = 12
 EVERY = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Net(nn.Module):
@@ -249,61 +234,3 @@ def fsdp(rank: int, result: dict[str, Any], kw: dict[str, Any]) -> None:
     result["local_shape"] = list(model.fc1.weight.to_local().shape)
     train(rank, result, kw, model, opt, sentinel)
     _report(result, sentinel)
-
-
-SCENARIOS: dict[str, Callable[[int, dict[str, Any], dict[str, Any]], None]] = {
-    "ddp_fault": ddp_fault,
-    "check_fails_on_one_rank": check_fails_on_one_rank,
-    "sync_audit": sync_audit,
-    "unwrapped": unwrapped,
-    "fsdp": fsdp,
-}
-
-
-# ---------------------------------------------------------------------------- harness
-def _scenario(name: str) -> Callable[[int, dict[str, Any], dict[str, Any]], None]:
-    """A scenario of this module by name, or of another one as ``"module:function"``."""
-    if ":" not in name:
-        return SCENARIOS[name]
-    module, _, function = name.partition(":")
-    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
-
-
-def worker(rank: int, port: int, out: str, plan: list[tuple[str, str, dict[str, Any]]]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    results: dict[str, Any] = {}
-    try:
-        for name, scenario, kwargs in plan:
-            result: dict[str, Any] = {"rank": rank}
-            results[name] = result
-            started = time.perf_counter()
-            try:
-                _scenario(scenario)(rank, result, kwargs)
-                result["seconds"] = round(time.perf_counter() - started, 2)
-            except BaseException:
-                result["crash"] = traceback.format_exc()
-                break  # the other ranks may now wait in a collective; stop here
-            dist.barrier()
-    finally:
-        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.destroy_process_group()
-
-
-def run_ranks(out: Path, plan: list[tuple[str, str, dict[str, Any]]],
-              timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
-    """Run the plan's scenarios in order on WORLD spawned gloo ranks (one spawn for all); a
-    rank still running after ``timeout_s`` is killed and the run fails (TimeoutError)."""
-    ctx = mp.start_processes(worker, args=(free_port(), str(out), plan), nprocs=WORLD, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks hung for {timeout_s}s (a rank waits on a collective)")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]

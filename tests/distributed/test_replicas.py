@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from distributed.replica_scenarios import run_ranks
+from distributed.harness import by_name, completed, run_ranks
+from distributed.replica_scenarios import TIMEOUT_S, WORLD
 
 #: One spawn of 4 interpreters that import torch, then ~15 short scenarios: ~30-50 s on 2 cores.
 pytestmark = pytest.mark.slow
@@ -50,16 +51,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         ("fsdp", "fsdp", {"hsdp": False, "fault": "flip", "bad": 3, "at": 4, **FC1, "index": 4000,
                           "bit": 0}),
     ]
-    per_rank = run_ranks(root, plan)
-    return {name: [r.get(name, {}) for r in per_rank] for name, _, _ in plan}
-
-
-def _results(runs: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    results = runs[name]
-    for r in results:
-        assert r, f"scenario {name} did not run (an earlier one crashed)"
-        assert "crash" not in r, r["crash"]
-    return results
+    per_rank = run_ranks(root, plan, world=WORLD, timeout_s=TIMEOUT_S,
+                         default_module="distributed.replica_scenarios")
+    return by_name(per_rank, plan)
 
 
 def _raised_everywhere(results: list[dict[str, Any]], step: int, bad: int) -> None:
@@ -81,7 +75,7 @@ def _chunk_holds_the_difference(results: list[dict[str, Any]], bad: int) -> tupl
 @pytest.mark.parametrize("name", list(FAULTS), ids=list(FAULTS))
 def test_fault_found_at_first_check_naming_rank_parameter_and_chunk(runs: dict[str, Any], name: str) -> None:
     kw = FAULTS[name]
-    results = _results(runs, name)
+    results = completed(runs, name)
     bad = kw["bad"]
     _raised_everywhere(results, 6, bad)
     for r in results:
@@ -100,32 +94,32 @@ def test_fault_found_at_first_check_naming_rank_parameter_and_chunk(runs: dict[s
 
 
 def test_skipped_step_is_named_in_the_message(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "skipped-step"):
+    for r in completed(runs, "skipped-step"):
         assert r["evidence"]["steps"] == {"0": 6, "1": 5, "2": 6, "3": 6}
         assert "rank 1 completed 5 optimizer steps" in r["message"]
         assert "skipped optimizer.step()" in r["message"]
 
 
 def test_grad_corruption_also_shows_in_the_adam_state(runs: dict[str, Any]) -> None:
-    evidence = _results(runs, "grad-after-allreduce")[0]["evidence"]
+    evidence = completed(runs, "grad-after-allreduce")[0]["evidence"]
     assert evidence["differing"] >= 3
     assert {"fc1.weight:exp_avg", "fc1.weight:exp_avg_sq"} <= set(evidence["others"])
 
 
 def test_adam_moment_alone_is_found(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "adam-moment"):
+    for r in completed(runs, "adam-moment"):
         assert r["evidence"]["state"] == "exp_avg" and r["evidence"]["differing"] == 1
         assert "holds another optimizer state 'exp_avg' of fc2.weight" in r["message"]
 
 
 def test_unused_parameter_names_the_root_and_the_majority(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "unused-parameter"):
+    for r in completed(runs, "unused-parameter"):
         assert r["evidence"]["reference_ranks"] == [1, 2, 3] and r["evidence"]["majority"]
         assert "module (root), parameter spare" in r["message"]
 
 
 def test_warn_records_once_and_goes_on(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "warn"):
+    for r in completed(runs, "warn"):
         assert "raised" not in r and r["last_step"] == 11
         assert r["warned"] == 1  # checks at 6 and 9 both see it: warned once
         (finding,) = r["findings"]
@@ -136,7 +130,7 @@ def test_warn_records_once_and_goes_on(runs: dict[str, Any]) -> None:
 
 
 def test_tolerance_ignores_benign_noise_and_finds_the_fault(runs: dict[str, Any]) -> None:
-    results = _results(runs, "tolerance")
+    results = completed(runs, "tolerance")
     _raised_everywhere(results, 21, 2)  # checked at every step: quiet through step 20
     for r in results:
         ev = r["evidence"]
@@ -146,20 +140,20 @@ def test_tolerance_ignores_benign_noise_and_finds_the_fault(runs: dict[str, Any]
 
 
 def test_nan_agreement_still_raises_first(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "nan-with-check"):
+    for r in completed(runs, "nan-with-check"):
         assert r["raised"] == "nonfinite" and r["step"] == 3 and r["rank_blamed"] == 1
         assert "replica_divergence" not in r["kinds"]
 
 
 def test_check_failing_on_one_rank_switches_off_everywhere_without_hanging(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "check-fails"):
+    for r in completed(runs, "check-fails"):
         assert "raised" not in r and r["last_step"] == 11
         assert any("switched off on every rank" in line and "rank(s) 1" in line for line in r["log"])
         assert r["findings"] == []  # the later flip goes unseen: the check is off, and says so
 
 
 def test_steps_without_a_check_add_no_host_reads_and_no_device_work(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "sync-audit"):
+    for r in completed(runs, "sync-audit"):
         assert len(set(r["bare"])) == 1
         for i, ((syncs_off, ops_off), (syncs_on, ops_on)) in enumerate(zip(r["off"], r["on"])):
             if i % 4:
@@ -170,14 +164,14 @@ def test_steps_without_a_check_add_no_host_reads_and_no_device_work(runs: dict[s
 
 
 def test_unwrapped_model_is_compared_only_when_asked(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "unwrapped"):
+    for r in completed(runs, "unwrapped"):
         assert "raised" not in r["default"] and r["default"]["last_step"] == 11
         assert r["explicit"]["raised"] == "replica" and r["explicit"]["rank_blamed"] == 1
         assert r["explicit"]["step"] == 6
 
 
 def test_hsdp_compares_along_the_replicate_dimension(runs: dict[str, Any]) -> None:
-    results = _results(runs, "hsdp")
+    results = completed(runs, "hsdp")
     assert all(r["local_shape"] == [256, 64] for r in results)
     _raised_everywhere(results, 6, 3)  # ranks 0 and 2 (another replica group) raise too
     ev = results[0]["evidence"]
@@ -187,7 +181,7 @@ def test_hsdp_compares_along_the_replicate_dimension(runs: dict[str, Any]) -> No
 
 
 def test_fully_sharded_parameters_are_skipped_with_one_info_finding(runs: dict[str, Any]) -> None:
-    for r in _results(runs, "fsdp"):
+    for r in completed(runs, "fsdp"):
         assert "raised" not in r and r["last_step"] == 11
         (finding,) = r["findings"]
         assert finding["severity"] == "info" and finding["evidence"]["count"] == 4
