@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -156,7 +156,9 @@ class BatchedMax:
         ledger = self.ledger
         views, dtype = ledger.views, ledger.dtype
         stacked = _stack_groups(tensors)
-        grouped: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        #: Each stacked entry's group result and row in it; on CPU as numpy views (read once a
+        #: group, memory loads), elsewhere as tensors.
+        grouped: dict[int, tuple[Any, Any, int]] = {}
         row = ledger.current
         for members in stacked:
             x = torch.stack([tensors[i] for i in members]).view(len(members), -1)
@@ -167,7 +169,8 @@ class BatchedMax:
             # between duplicates, a module called twice.
             row.scatter_reduce_(0, self._index([lo[i] for i in members], row.device), mins, "amin")
             row.scatter_reduce_(0, self._index([hi[i] for i in members], row.device), maxs, "amax")
-            grouped.update((i, (mins, maxs, j)) for j, i in enumerate(members))
+            lows, highs = (mins.numpy(), maxs.numpy()) if mins.device.type == "cpu" else (mins, maxs)
+            grouped.update((i, (lows, highs, j)) for j, i in enumerate(members))
             written.update(lo[i] for i in members)
         for i, (t, a, b) in enumerate(zip(tensors, lo, hi)):
             if i in grouped:
@@ -183,7 +186,7 @@ class BatchedMax:
             self._check_each(tensors, lo, hi, on_bad, grouped)
 
     def _check_each(self, tensors: list[torch.Tensor], lo: list[int], hi: list[int],
-                    on_bad: list[Optional[OnBad]], grouped: dict[int, tuple[torch.Tensor, torch.Tensor, int]]) -> None:
+                    on_bad: list[Optional[OnBad]], grouped: dict[int, tuple[Any, Any, int]]) -> None:
         """Immediate mode, after :meth:`_loop`: each entry's range, in recording order, from its
         group's result or from its slots (on CPU both are memory loads, not device reads)."""
         views, hv = self.ledger.views, self.ledger.host_view
@@ -192,11 +195,11 @@ class BatchedMax:
                 continue
             group = grouped.get(i)
             if group is not None:
-                mins, maxs, j = group
-                if mins.device.type == "cpu":  # numpy views: memory loads, no torch op
-                    low, high = float(mins.numpy()[j]), float(maxs.numpy()[j])
+                lows, highs, j = group
+                if isinstance(lows, np.ndarray):  # memory loads, no torch op
+                    low, high = float(lows[j]), float(highs[j])
                 else:
-                    low, high = read_now(mins[j]), read_now(maxs[j])
+                    low, high = read_now(lows[j]), read_now(highs[j])
             elif hv is not None:
                 low, high = hv[a], hv[b]
             else:
