@@ -15,13 +15,16 @@ launches to save and CPU ``_foreach`` kernels are slower than ``aminmax``.
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import torch_sentinel
 from torch_sentinel.testing import count_launches
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,3 +119,55 @@ def test_the_loss_spike_probe_adds_a_fixed_count_per_step(name: str) -> None:
     with_probe, modules, _ = added_launches_per_module(build)
     without, _, _ = added_launches_per_module(build, disable=frozenset({"loss_spike"}))
     assert round((with_probe - without) * modules, 6) == SPIKE_LAUNCHES[name]
+
+
+#: View ops (metadata only: no launch, but each one a dispatcher call, 5-30 us inside a CPU
+#: step) the loss_spike probe adds per step on the CPU path: per attention module the first
+#: sequence of q and of k (a select each) and k's transpose, and the logits' first sequence.
+#: Nothing per parameter: the ring's row views are made once, norms reduce over dims without a
+#: flattening view, and nothing is detached under no_grad (it was 40 views on GPT-2, 10 on the
+#: stack).
+SPIKE_VIEWS = {"stack100": {}, "gpt2-4": {"select": 2 * 4 + 1, "transpose": 4}}
+
+
+class _ViewCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        if func.is_view:
+            name = func.overloadpacket.__name__
+            self.ops[name] = self.ops.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _views_per_step(build: Build, disable: frozenset[str], warm: int = 121, steps: int = 5) -> dict[str, float]:
+    torch.manual_seed(0)
+    model, loss_at = build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sentinel = torch_sentinel.attach(model, opt, disable=disable, flush_every=1000)
+
+        def step(i: int) -> None:
+            opt.zero_grad()
+            loss_at(i).backward()
+            opt.step()
+
+        for i in range(warm):  # past step 100: the ordinary steps of a long run
+            step(i)
+        with _ViewCounter() as counter:
+            for i in range(warm, warm + steps):
+                step(i)
+    sentinel.detach()
+    return {k: v / steps for k, v in counter.ops.items()}
+
+
+@pytest.mark.parametrize("name", list(SPIKE_VIEWS), ids=list(SPIKE_VIEWS))
+def test_the_loss_spike_probe_adds_no_view_per_parameter(name: str) -> None:
+    build = {"stack100": _stack, "gpt2-4": _gpt2}[name]
+    with_probe = _views_per_step(build, frozenset())
+    without = _views_per_step(build, frozenset({"loss_spike"}))
+    added = {k: with_probe.get(k, 0) - without.get(k, 0) for k in set(with_probe) | set(without)}
+    assert {k: v for k, v in added.items() if v} == SPIKE_VIEWS[name]

@@ -52,8 +52,9 @@ class GroupPlan:
         of the rows of ``stacks`` (one per group, its members stacked in order)."""
         if big:
             dest.index_copy_(0, self.big_index, torch.stack(torch._foreach_norm(big, ord)).to(dest.dtype))
-        for (members, index), rows in zip(self.groups, stacks):
-            dest.index_copy_(0, index, torch.linalg.vector_norm(rows.view(len(members), -1), ord, dim=1).to(dest.dtype))
+        for (_, index), rows in zip(self.groups, stacks):
+            # Over every dim but the first: a row's norm without a view op to flatten it.
+            dest.index_copy_(0, index, torch.linalg.vector_norm(rows, ord, dim=tuple(range(1, rows.dim()))).to(dest.dtype))
 
 
 def grouped_norms(plans: dict[Hashable, GroupPlan], key: Hashable, tensors: list[torch.Tensor],

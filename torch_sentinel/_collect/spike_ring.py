@@ -179,6 +179,7 @@ class _Plan:
         self.grouping = (bool(params) and groups_on(params[0].device)
                          and all(p.dtype is torch.float32 for p in params))
         self._group_plans_cache: dict[Hashable, GroupPlan] = {}
+        self._row_views: list[Optional[tuple[torch.Tensor, ...]]] = []
 
     def norms(self, key: str, tensors: list[torch.Tensor], ord: float, out: torch.Tensor) -> None:
         """``ord``-norms of ``tensors`` into the ring row ``out`` (one value per column)."""
@@ -186,6 +187,18 @@ class _Plan:
             grouped_norms(self._group_plans_cache, key, tensors, out, ord)
         else:
             stacked_norms(tensors, ord, out=out)
+
+    def row_views(self, ring: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+        """Ring row ``k``'s views for this plan's columns: its first two rows together (update
+        and weight norms), then its rows one by one. Made once a row (the ring is never reallocated): indexing it every
+        step was five view ops, each a dispatch of its own."""
+        if not self._row_views:
+            self._row_views = [None] * ring.shape[0]
+        views = self._row_views[k]
+        if views is None:
+            block = ring[k, :, self.cols]
+            views = self._row_views[k] = (block[0:2], *block.unbind(0))
+        return views
 
     def materialized(self) -> bool:
         if not self.ready:
@@ -280,7 +293,7 @@ class SpikeRing:
         plan = self.plans.get(id(optimizer))
         if plan is None or not plan.params or not plan.materialized():
             return
-        row = self.ring[step % self.steps, :, plan.cols]
+        row = plan.row_views(self.ring, step % self.steps)
         weights = plan.params
         have_update = (plan.shadow is not None or plan.grouped_shadow is not None) and plan.copied == step
         # The pre-step made the views (checking every parameter's shape and address: 0.3 ms a
@@ -288,20 +301,21 @@ class SpikeRing:
         # seen at the next pre-step.
         samples = plan.views if plan.copied == step else plan.samples()
         with torch.no_grad():
+            first_two, update, weight, second_sum = row
             if have_update and plan.grouped_shadow is not None:
-                plan.grouped_shadow.changed(samples, row[0])  # ||W_before - W_after|| on the sample
-                plan.norms("weight", weights, 2, row[1])
+                plan.grouped_shadow.changed(samples, update)  # ||W_before - W_after|| on the sample
+                plan.norms("weight", weights, 2, weight)
             elif have_update:
                 assert plan.shadow is not None
                 torch._foreach_sub_(plan.shadow, samples)  # W_before - W_after on the sample
                 # One _foreach_norm for both: a launch saved on an accelerator.
-                stacked_norms(plan.shadow + weights, 2, out=row[0:2])
+                stacked_norms(plan.shadow + weights, 2, out=first_two)
             else:
-                row[0].fill_(float("nan"))  # no copy of this step's weights: no update norm
-                plan.norms("weight", weights, 2, row[1])
+                update.fill_(float("nan"))  # no copy of this step's weights: no update norm
+                plan.norms("weight", weights, 2, weight)
             second = plan.second_moments()
             if second is not None:
-                plan.norms("second", second, 1, row[2])  # a sum: exp_avg_sq is non-negative
+                plan.norms("second", second, 1, second_sum)  # a sum: exp_avg_sq is non-negative
         self.row_steps[id(optimizer)][step % self.steps] = step
 
     def read(self) -> tuple[np.ndarray, dict[int, np.ndarray]]:

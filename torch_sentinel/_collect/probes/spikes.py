@@ -150,7 +150,8 @@ class SpikeProbe(Probe):
             return
         if ids.numel() == 0 or ids.dtype is torch.bool:
             return
-        self.host.ledger.views[self._ids].copy_(ids.detach().amax())
+        # Integer ids never require grad: no detach (one op a step saved).
+        self.host.ledger.views[self._ids].copy_(ids.amax())
 
     def on_output(self, slot: int, module: nn.Module, args: Any, t: torch.Tensor, compiling: bool) -> None:
         if self._lse is None or not t.is_floating_point() or t.dim() < 2 or t.shape[-1] != self.vocab:
