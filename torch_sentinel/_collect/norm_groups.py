@@ -37,9 +37,8 @@ class GroupPlan:
 
     The norms are written into a scratch vector in plan order (the ``_foreach_norm`` ones, then
     each group's rows), through views made once, and reach ``dest`` in one op: a copy when plan
-    order is ``dest``'s, else one ``index_copy_``. Each op here costs 5 to 30 us inside a CPU
-    training step whatever its size (caches cold from the model's own work), so the count is
-    what matters: two groups cost four ops, where a scatter per group cost six."""
+    order is ``dest``'s, else one ``index_copy_`` (two groups: four ops, where a scatter per
+    group made six)."""
 
     def __init__(self, sizes: tuple[torch.Size, ...], device: torch.device) -> None:
         self.sizes = sizes

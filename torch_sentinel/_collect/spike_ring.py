@@ -190,8 +190,8 @@ class _Plan:
 
     def row_views(self, ring: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
         """Ring row ``k``'s views for this plan's columns: its first two rows together (update
-        and weight norms), then its rows one by one. Made once a row (the ring is never reallocated): indexing it every
-        step was five view ops, each a dispatch of its own."""
+        and weight norms), then its rows one by one. Made once a row, since the ring is never
+        reallocated (indexing it every step was five view ops, each a dispatch of its own)."""
         if not self._row_views:
             self._row_views = [None] * ring.shape[0]
         views = self._row_views[k]
