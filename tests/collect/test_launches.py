@@ -121,8 +121,8 @@ def test_the_loss_spike_probe_adds_a_fixed_count_per_step(name: str) -> None:
     assert round((with_probe - without) * modules, 6) == SPIKE_LAUNCHES[name]
 
 
-#: View ops (metadata only: no launch, but each one a dispatcher call, 5-30 us inside a CPU
-#: step) the loss_spike probe adds per step on the CPU path: per attention module the first
+#: View ops (metadata only: no launch, but each one a dispatcher call) the loss_spike probe
+#: adds per step on the CPU path: per attention module the first
 #: sequence of q and of k (a select each) and k's transpose, and the logits' first sequence.
 #: Nothing per parameter: the ring's row views are made once, norms reduce over dims without a
 #: flattening view, and nothing is detached under no_grad (it was 40 views on GPT-2, 10 on the
