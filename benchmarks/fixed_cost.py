@@ -224,10 +224,13 @@ def gpt2_4() -> tuple[nn.Module, Callable[[int], torch.Tensor]]:
 
 
 def added_launches(build: Build, fused: bool, check: str, disable: frozenset[str] = frozenset(),
-                   warm: int = WARMUP, steps: int = 50, **options: Any) -> dict[str, Any]:
+                   warm: int = WARMUP, steps: int = 50, counter: Callable[[], Any] = count_launches,
+                   **options: Any) -> dict[str, Any]:
     """(sentinel - bare) launching ops per module per step, and the ops added per step.
     ``options`` go to ``attach()`` (``flush_every=1000``: steps without a flush, as the unit
-    test of the launch counts reads them). Also used by ``tests/collect/test_launches.py``."""
+    test of the launch counts reads them). ``counter``: a context manager factory whose value
+    has ``count`` and ``ops`` (by op name), as ``count_launches``; the tests also count views.
+    Also used by ``tests/collect/test_launches.py``."""
 
     def count(attach: bool, warm: int, steps: int) -> tuple[float, int, dict[str, int]]:
         torch.manual_seed(0)
@@ -244,7 +247,7 @@ def added_launches(build: Build, fused: bool, check: str, disable: frozenset[str
             warnings.simplefilter("ignore")
             for i in range(warm):
                 step(i)
-            with count_launches() as c:
+            with counter() as c:
                 for i in range(warm, warm + steps):
                     step(i)
         if s is not None:

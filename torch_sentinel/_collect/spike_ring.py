@@ -179,7 +179,6 @@ class _Plan:
         self.grouping = (bool(params) and groups_on(params[0].device)
                          and all(p.dtype is torch.float32 for p in params))
         self._group_plans_cache: dict[Hashable, GroupPlan] = {}
-        self._row_views: list[Optional[tuple[torch.Tensor, ...]]] = []
 
     def norms(self, key: str, tensors: list[torch.Tensor], ord: float, out: torch.Tensor) -> None:
         """``ord``-norms of ``tensors`` into the ring row ``out`` (one value per column)."""
@@ -187,18 +186,6 @@ class _Plan:
             grouped_norms(self._group_plans_cache, key, tensors, out, ord)
         else:
             stacked_norms(tensors, ord, out=out)
-
-    def row_views(self, ring: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-        """Ring row ``k``'s views for this plan's columns: its first two rows together (update
-        and weight norms), then its rows one by one. Made once a row, since the ring is never
-        reallocated (indexing it every step was five view ops, each a dispatch of its own)."""
-        if not self._row_views:
-            self._row_views = [None] * ring.shape[0]
-        views = self._row_views[k]
-        if views is None:
-            block = ring[k, :, self.cols]
-            views = self._row_views[k] = (block[0:2], *block.unbind(0))
-        return views
 
     def materialized(self) -> bool:
         if not self.ready:
@@ -268,6 +255,11 @@ class SpikeRing:
             self.plans[id(opt)] = _Plan(opt, params, len(self.columns))
             self.columns.extend(params)
         self.ring = torch.full((steps, len(RING_STATS), len(self.columns)), float("nan"), device=device)
+        #: Per optimizer and ring row, the views its post-step writes: the row's first two stats
+        #: together (update and weight norms), then each stat. Made once (the ring is never
+        #: reallocated): indexing the ring every step was five view ops, each a dispatch.
+        self._rows = {key: [(block[0:2], *block.unbind(0)) for block in self.ring[:, :, plan.cols].unbind(0)]
+                      for key, plan in self.plans.items()}
         #: The step each row holds (-1: none yet), per optimizer: an optimizer that did not step
         #: leaves its columns of that row as they were.
         self.row_steps = {key: np.full(steps, -1, dtype=np.int64) for key in self.plans}
@@ -293,7 +285,7 @@ class SpikeRing:
         plan = self.plans.get(id(optimizer))
         if plan is None or not plan.params or not plan.materialized():
             return
-        row = plan.row_views(self.ring, step % self.steps)
+        first_two, update, weight, second_sum = self._rows[id(optimizer)][step % self.steps]
         weights = plan.params
         have_update = (plan.shadow is not None or plan.grouped_shadow is not None) and plan.copied == step
         # The pre-step made the views (checking every parameter's shape and address: 0.3 ms a
@@ -301,7 +293,6 @@ class SpikeRing:
         # seen at the next pre-step.
         samples = plan.views if plan.copied == step else plan.samples()
         with torch.no_grad():
-            first_two, update, weight, second_sum = row
             if have_update and plan.grouped_shadow is not None:
                 plan.grouped_shadow.changed(samples, update)  # ||W_before - W_after|| on the sample
                 plan.norms("weight", weights, 2, weight)
