@@ -56,3 +56,14 @@ def test_grouped_copy_measures_the_change_of_each_tensor() -> None:
         expected = _per_tensor([b - t for b, t in zip(before, tensors)], 2.0)
         assert torch.equal(dest, expected), step
     assert isinstance(copy.plan, GroupPlan)
+
+
+def test_sums_of_non_negative_tensors_are_their_l1_norms() -> None:
+    """``"sum"`` (the spike ring's ``exp_avg_sq``): a plain sum for the stacked rows, the same
+    figure as the L1 norm up to rounding (the order of the additions differs)."""
+    tensors = [t.abs() for t in _tensors()]
+    plans: dict = {}
+    dest = torch.full((len(tensors),), float("nan"))
+    grouped_norms(plans, "k", tensors, dest, "sum")
+    torch.testing.assert_close(dest, _per_tensor(tensors, 1.0), rtol=1e-6, atol=0.0)
+    assert torch.equal(dest[:8], torch.stack([t.sum() for t in tensors[:8]]))  # a stacked group: its rows' sums

@@ -92,3 +92,49 @@ def test_no_gradient_keeps_its_verdict_across_a_checkpoint_and_saves_no_index_ar
     whole = run(None)
     assert whole == [("no_gradient", "gate", 4)]
     assert run(3) == whole
+
+
+def test_vanishing_gradient_ends_and_update_ratios_match_their_loop_forms() -> None:
+    """The vanishing detector's per-record figures, as numpy over index arrays: the layer at
+    each end (deepest and shallowest by graph depth, the largest gradient there, the first in
+    forward order on a tie) and each layer's update/weight ratio (a weight missing from the
+    fact counts 0), against the per-layer Python loops they replaced."""
+    import numpy as np
+
+    from torch_sentinel.detectors._layers import LayerPlan
+    from torch_sentinel.detectors.gradient_scale import VanishingGradientDetector
+
+    model = _deep(6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sentinel = torch_sentinel.attach(model, opt)
+    det = next(d for d in sentinel._detectors if isinstance(d, VanishingGradientDetector))
+    layers = _layers(sentinel.context)
+    det._layers = layers
+    names = [layer for layer, _ in layers]
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        depths = {layer: int(rng.integers(0, 3)) for layer in names if rng.random() > 0.2}
+        det._depths = depths
+        plan = LayerPlan([p for _, params in layers for p in params], layers, [])
+        # Every layer with a gradient (the usual step, a path of its own) in one trial of four.
+        idx = np.arange(len(names)) if trial % 4 == 0 else np.flatnonzero(rng.random(len(names)) > 0.3)
+        norms = rng.choice([0.5, 1.0, 2.0], size=len(idx))  # ties on purpose
+        known = [(names[i], float(v), depths[names[i]]) for i, v in zip(idx, norms) if names[i] in depths]
+        if len(known) < 3:
+            want = (names[idx[0]], names[idx[-1]]) if len(idx) else None
+        else:
+            deep, shallow = max(d for *_, d in known), min(d for *_, d in known)
+            want = (max(((n, v) for n, v, d in known if d == deep), key=lambda x: x[1])[0],
+                    max(((n, v) for n, v, d in known if d == shallow), key=lambda x: x[1])[0])
+        if want is not None:
+            i, j = det._ends(plan, idx, norms)
+            assert (names[idx[i]], names[idx[j]]) == want, trial
+
+        params = [p for _, ps in layers for p in ps]
+        present = [p for p in params if rng.random() > 0.1]
+        values = rng.random(len(present)) * 2.0
+        got = det._layer_norms(f"t{trial}", present, values)
+        by_name = dict(zip(present, values.tolist()))
+        for k, (_, ps) in enumerate(layers):
+            assert math.isclose(got[k], math.sqrt(sum(by_name.get(p, 0.0) ** 2 for p in ps)), rel_tol=1e-12)
+    sentinel.detach()

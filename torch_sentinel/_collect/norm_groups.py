@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable
-from typing import Optional
+from typing import Literal, Optional, Union
 
 import torch
 
 from . import batch
 from .compat import sparse_values
 
-__all__ = ["GroupPlan", "GroupedCopy", "dense_grads", "grouped_norms", "groups_on"]
+__all__ = ["GroupPlan", "GroupedCopy", "Order", "dense_grads", "grouped_norms", "groups_on"]
+
+#: A norm's order, or ``"sum"``: the L1 norm of tensors that hold no negative value (Adam's
+#: ``exp_avg_sq``), taken as a plain sum. On CPU a row-wise ``vector_norm`` of order 1 runs
+#: about ten times slower than a row-wise sum (102 us against 8 us over 250 rows of 1,366
+#: elements on the 2-core machine); a per-tensor ``_foreach_norm`` is as fast at either order.
+Order = Union[float, Literal["sum"]]
 
 #: Tensors up to this many elements are normed in stacked groups of one shape on CPU (below
 #: the 32,768-element grain at which a CPU reduction is split across threads, so a row's norm
@@ -57,19 +63,23 @@ class GroupPlan:
             self._group_outs.append(self._scratch[at : at + len(members)])
             at += len(members)
 
-    def run(self, tensors: list[torch.Tensor], dest: torch.Tensor, ord: float = 2.0) -> None:
+    def run(self, tensors: list[torch.Tensor], dest: torch.Tensor, ord: Order = 2.0) -> None:
         self.write([tensors[i] for i in self.big],
                    [torch.stack([tensors[i] for i in members]) for members in self.groups], dest, ord)
 
-    def write(self, big: list[torch.Tensor], stacks: list[torch.Tensor], dest: torch.Tensor, ord: float) -> None:
-        """``ord``-norms of float32 tensors into ``dest``: of ``big`` (the tensors at
+    def write(self, big: list[torch.Tensor], stacks: list[torch.Tensor], dest: torch.Tensor, ord: Order) -> None:
+        """``ord``-norms (or sums) of float32 tensors into ``dest``: of ``big`` (the tensors at
         ``self.big``) one by one, and of the rows of ``stacks`` (one per group, its members
         stacked in order)."""
         if big:
-            torch.stack(torch._foreach_norm(big, ord), out=self._big_out)
+            torch.stack(torch._foreach_norm(big, 1 if ord == "sum" else ord), out=self._big_out)
         for out, rows in zip(self._group_outs, stacks):
             # Over every dim but the first: a row's norm without a view op to flatten it.
-            torch.linalg.vector_norm(rows, ord, dim=tuple(range(1, rows.dim())), out=out)
+            dims = tuple(range(1, rows.dim()))
+            if ord == "sum":
+                torch.sum(rows, dim=dims, out=out)
+            else:
+                torch.linalg.vector_norm(rows, ord, dim=dims, out=out)
         norms = self._scratch if dest.dtype is torch.float32 else self._scratch.to(dest.dtype)
         if self._in_order:
             dest.copy_(norms)
@@ -78,7 +88,7 @@ class GroupPlan:
 
 
 def grouped_norms(plans: dict[Hashable, GroupPlan], key: Hashable, tensors: list[torch.Tensor],
-                  dest: torch.Tensor, ord: float = 2.0) -> None:
+                  dest: torch.Tensor, ord: Order = 2.0) -> None:
     """``ord``-norms of CPU ``tensors`` into the 1-d ``dest``, through the plan kept in ``plans``
     under ``key``. Shapes are not scanned every step: a row's norm is the flattened tensor's
     whatever its shape, and a group that no longer stacks (a tensor resized through ``.data``)

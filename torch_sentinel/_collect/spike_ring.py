@@ -19,7 +19,8 @@ straight into the row), one ``_foreach_norm`` of order 1 over the ``exp_avg_sq``
 its stack: a fixed count of launches whatever the number of modules. On CPU, where a
 ``_foreach`` op is a loop of one dispatch per tensor, tensors of one shape (biases, the samples
 of same-sized weights, weights up to 4,096 elements) are copied, subtracted and reduced as the
-rows of one stack instead (``norm_groups.py``); the figures are the same to the last bit or two.
+rows of one stack instead (``norm_groups.py``; the ``exp_avg_sq`` rows are summed, which for
+non-negative values is their L1 norm); the figures are the same to the last bit or two.
 
 The samples are views, made again whenever a parameter's storage moved (checked at every
 pre-step by its address, and at a post-step without one): a wrapper that swaps a parameter's
@@ -46,7 +47,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .norm_groups import GroupedCopy, GroupPlan, grouped_norms, groups_on
+from .norm_groups import GroupedCopy, GroupPlan, Order, grouped_norms, groups_on
 from .spike_stats import stacked_norms
 from .tensors import materialized, reduces
 from .transfer import AsyncFetch
@@ -180,12 +181,12 @@ class _Plan:
                          and all(p.dtype is torch.float32 for p in params))
         self._group_plans_cache: dict[Hashable, GroupPlan] = {}
 
-    def norms(self, key: str, tensors: list[torch.Tensor], ord: float, out: torch.Tensor) -> None:
-        """``ord``-norms of ``tensors`` into the ring row ``out`` (one value per column)."""
+    def norms(self, key: str, tensors: list[torch.Tensor], ord: Order, out: torch.Tensor) -> None:
+        """``ord``-norms (or sums) of ``tensors`` into the ring row ``out`` (one value per column)."""
         if self.grouping:
             grouped_norms(self._group_plans_cache, key, tensors, out, ord)
         else:
-            stacked_norms(tensors, ord, out=out)
+            stacked_norms(tensors, 1 if ord == "sum" else ord, out=out)
 
     def materialized(self) -> bool:
         if not self.ready:
@@ -306,7 +307,7 @@ class SpikeRing:
                 plan.norms("weight", weights, 2, weight)
             second = plan.second_moments()
             if second is not None:
-                plan.norms("second", second, 1, second_sum)  # a sum: exp_avg_sq is non-negative
+                plan.norms("second", second, "sum", second_sum)  # exp_avg_sq is non-negative
         self.row_steps[id(optimizer)][step % self.steps] = step
 
     def read(self) -> tuple[np.ndarray, dict[int, np.ndarray]]:
