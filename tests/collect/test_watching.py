@@ -71,6 +71,27 @@ def test_ordinary_steps_hook_only_the_root_and_full_steps_hook_every_module() ->
     assert _hooked_after_detach(model) == 0
 
 
+def test_a_module_hooked_again_on_a_later_sampled_step_gets_the_same_hook_object() -> None:
+    """The hooks of a sampled step are made once per module, not again at every sampled step:
+    thousands of objects a sampled step that the garbage collector would carry into its
+    oldest generation (tests/collect/test_gc_pressure.py)."""
+    model = _stack(10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: dict[int, list[ModuleHook]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch_sentinel.attach(model, opt):
+            for step, (x, y) in enumerate(_batches(22)):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                if step in (9, 19):  # the hooks now are those of sampled steps 10 and 20
+                    seen[step] = [h for h in model[4]._forward_hooks.values() if isinstance(h, ModuleHook)]
+                if step == 12:
+                    assert not model[4]._forward_hooks  # removed in between
+    assert len(seen[9]) == 1 and len(seen[19]) == 1 and seen[9][0] is seen[19][0]
+
+
 def _hooked_after_detach(model: nn.Module) -> int:
     return sum(len(m._forward_hooks) for m in model.modules())
 

@@ -74,6 +74,10 @@ class ModuleWatch:
         self._cache: dict[tuple[bool, ...], frozenset[int]] = {}
         #: ``compat.hook_handles_made()`` after the last install (see ``_install``).
         self._handles_made: int | None = None
+        #: Each slot's hook, made once: a sampled step hooks every module again, and new hook
+        #: objects for each (with their bound method and arguments) would be thousands of
+        #: objects a sampled step for the garbage collector to carry into its oldest generation.
+        self._hooks: dict[int, ModuleHook] = {}
 
     @property
     def everything(self) -> bool:
@@ -138,7 +142,10 @@ class ModuleWatch:
                 if not check_order or _runs_last(module, handle):
                     continue
                 handle.remove()  # a hook registered after ours (see module doc): be last again
-            handles[slot] = module.register_forward_hook(ModuleHook(raised_at_entry, self._on_output, slot))
+            hook = self._hooks.get(slot)
+            if hook is None:
+                hook = self._hooks[slot] = ModuleHook(raised_at_entry, self._on_output, slot)
+            handles[slot] = module.register_forward_hook(hook)
         self._handles_made = hook_handles_made()
 
     def _due_probes(self) -> list[Probe]:
