@@ -122,8 +122,10 @@ class NormsProbe(Probe):
         host = self.host
         grads = dense_grads(host.param_tensors)
         if self._weights_due():
+            # The parameters themselves: the hook runs under no_grad. A detach would be one new
+            # tensor object a parameter, for the garbage collector to count.
             weights: list[Optional[torch.Tensor]] = [
-                p.detach() if materialized(p) else None for p in host.param_tensors
+                p if materialized(p) else None for p in host.param_tensors
             ]
             missing = self.copy_norms(self.grad_block.start, grads + weights, self._sharded_pairs)
             host.meta.weights_recorded = True
