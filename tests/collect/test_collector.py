@@ -102,6 +102,43 @@ def test_grad_and_param_norms_match_torch() -> None:
     assert rec.meta.updates_sampled
 
 
+@pytest.mark.parametrize("change", ["view", "resize"], ids=["same-size-new-shape", "new-size"])
+def test_update_norms_stay_exact_when_a_parameter_changes_shape_between_sampled_updates(change: str) -> None:
+    """The exact update norm reuses its copy of the weights from one sampled update to the next,
+    checked by element count: a weight given another shape of the same size (``.data`` viewed
+    with a leading 1) or another size between two of them is measured on what it is now."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4, 6))
+            self.v = nn.Parameter(torch.randn(5))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x @ self.w.T).pow(2).mean() + self.v.pow(2).sum()
+
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    c, records = _collector(model, [opt], update_every=1)
+    expected = []
+    try:
+        for step in range(4):
+            if step == 2:
+                model.v.data = model.v.data.view(1, 5) if change == "view" else torch.randn(7)
+            opt.zero_grad()
+            model(torch.randn(8, 6)).backward()
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt.step()
+            expected.append({n: float((p.detach() - before[n]).norm()) for n, p in model.named_parameters()})
+    finally:
+        c.close()
+    assert len(records) == 4
+    for rec, want in zip(records, expected):
+        assert rec.meta.updates_sampled
+        assert rec.mapping("update_norm") == pytest.approx(want, rel=1e-5), rec.step
+
+
 def test_missing_grads_and_frozen_parameters_are_host_facts() -> None:
     model = MLP()
     model.fc1.requires_grad_(False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from typing import Optional
 
@@ -18,6 +19,8 @@ __all__ = ["KEEP_UPDATE_COPY_BYTES", "UpdateNorms", "UpdateProbe"]
 
 #: Parameter copies for exact update norms are kept between sampled steps up to this size.
 KEEP_UPDATE_COPY_BYTES = 256 << 20
+
+_NUMEL = operator.methodcaller("numel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +86,9 @@ class UpdateProbe(Probe):
         every = self.update_every
         if every and self.host.step % every == 0:
             slots = self._slots_of(optimizer)
-            tensors = [self.host.param_tensors[i].detach() for i in slots]
+            # The parameters themselves (the pre-step runs under no_grad): a detach would be a
+            # new tensor object a parameter, for the garbage collector to count.
+            tensors = [self.host.param_tensors[i] for i in slots]
             self._slots = slots
             self._shadow = self._copy_of(id(optimizer), tensors) if tensors else None
 
@@ -92,7 +97,7 @@ class UpdateProbe(Probe):
             return
         host = self.host
         with torch.no_grad():
-            torch._foreach_sub_(self._shadow, [host.param_tensors[i].detach() for i in self._slots])
+            torch._foreach_sub_(self._shadow, [host.param_tensors[i] for i in self._slots])
             full: list[Optional[torch.Tensor]] = [None] * len(host.param_tensors)
             for i, delta in zip(self._slots, self._shadow):
                 full[i] = delta
@@ -112,11 +117,16 @@ class UpdateProbe(Probe):
         dropped each time, so the memory is held only between the pre- and post-step hooks.
         """
         kept = self._kept_shadow.get(key)
-        if kept is not None and len(kept) == len(tensors) and all(
-            k.shape == t.shape and k.dtype == t.dtype and k.device == t.device for k, t in zip(kept, tensors)
-        ):
-            torch._foreach_copy_(kept, tensors)
-            return kept
+        # Sizes as element counts (ints: no torch.Size object a parameter). With equal counts a
+        # shape can differ only by dims of size 1, which the copy broadcasts element for
+        # element; anything else it refuses, and the copy is made afresh.
+        if kept is not None and len(kept) == len(tensors) and list(map(_NUMEL, kept)) == list(map(_NUMEL, tensors)) \
+                and all(k.dtype is t.dtype and k.device == t.device for k, t in zip(kept, tensors)):
+            try:
+                torch._foreach_copy_(kept, tensors)
+                return kept
+            except RuntimeError:
+                pass
         return list(torch._foreach_mul(tensors, 1.0))
 
     def close(self) -> None:
