@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime
+import gc
 import json
 import os
 import platform
@@ -153,16 +154,22 @@ def time_model(name: str, seconds: float, workdir: str, warmup: int = WARMUP) ->
             t.step()
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     order = list(VARIANTS)
+    collections = _Collections()
     start, rounds = time.perf_counter(), 0
-    # At least 8 rounds; then until ``seconds`` have passed (at most MAX_ROUNDS).
-    while rounds < 8 or (rounds < MAX_ROUNDS and time.perf_counter() - start < seconds):
-        k = rounds % len(order)
-        rounds += 1
-        for v in order[k:] + order[:k]:
-            t = trainers[v]
-            t0 = time.perf_counter()
-            t.step()
-            times[v].append(time.perf_counter() - t0)
+    gc.callbacks.append(collections)
+    try:
+        # At least 8 rounds; then until ``seconds`` have passed (at most MAX_ROUNDS).
+        while rounds < 8 or (rounds < MAX_ROUNDS and time.perf_counter() - start < seconds):
+            k = rounds % len(order)
+            rounds += 1
+            for v in order[k:] + order[:k]:
+                t = trainers[v]
+                collections.variant = v
+                t0 = time.perf_counter()
+                t.step()
+                times[v].append(time.perf_counter() - t0)
+    finally:
+        gc.callbacks.remove(collections)
     for t in trainers.values():
         t.close()
     bare = times["bare"]
@@ -173,8 +180,30 @@ def time_model(name: str, seconds: float, workdir: str, warmup: int = WARMUP) ->
         lo, med, hi = _quantiles(ratios)
         out[v] = {"median_ms": statistics.median(times[v]) * 1e3, "ratio_median": med, "ratio_q1": lo,
                   "ratio_q3": hi, "ratio_total": sum(times[v]) / sum(bare),
-                  "added_us_per_step": (sum(times[v]) - sum(bare)) / rounds * 1e6}
+                  "added_us_per_step": (sum(times[v]) - sum(bare)) / rounds * 1e6,
+                  "gc_us_per_step": collections.seconds[v] / rounds * 1e6,
+                  "gc_full": collections.full[v]}
     return out
+
+
+class _Collections:
+    """Python's garbage collections during the timed steps, charged to the variant whose step
+    ran them (a gc callback). The collector is process-wide: a collection runs in the step that
+    tips its count, and carries every variant's live objects along."""
+
+    def __init__(self) -> None:
+        self.variant = ""
+        self.seconds: dict[str, float] = {v: 0.0 for v in VARIANTS}
+        self.full: dict[str, int] = {v: 0 for v in VARIANTS}
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        if self.variant in self.seconds:
+            self.seconds[self.variant] += time.perf_counter() - self._t0
+            self.full[self.variant] += info["generation"] == 2
 
 
 def python_calls(name: str, steps: int = 50, warmup: int = WARMUP) -> dict[str, float]:
@@ -321,6 +350,12 @@ def to_markdown(results: dict[str, Any]) -> str:
     for name, r in results["timing"].items():
         lines.append(f"| {name} | {r['bare']['median_ms']:.2f} | " + " | ".join(_fmt(r[v]) for v in VARIANTS[1:])
                      + f" | {r['rounds']} | {r['floor_hooks']} |")
+    lines += ["", "Python garbage collection in the timed steps, charged to the variant whose step ran it "
+              "(\u00b5s a step; full collections):", "",
+              "| workload | " + " | ".join(LABELS[v] for v in VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS)]
+    for name, r in results["timing"].items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{r[v].get('gc_us_per_step', 0.0):.0f} ({r[v].get('gc_full', 0)})" for v in VARIANTS) + " |")
     lines += ["", "### Launching ops added per module per step (dispatcher count, steps "
               f"{WARMUP}-{WARMUP + 49})", "",
               "| model | path | every detector | without loss_spike | ops added per step (every detector) |",

@@ -26,6 +26,7 @@ def test_fixed_cost_benchmark_runs_and_writes_results(tmp_path: Path) -> None:
     assert set(timing) >= {"bare", "empty_hooks", "sentinel", "sentinel_tb"}
     assert timing["floor_hooks"] >= 3  # the output node's pre-hook and the optimizer's two
     assert all(timing[v]["median_ms"] > 0 for v in ("bare", "empty_hooks", "sentinel", "sentinel_tb"))
+    assert all(timing[v]["gc_us_per_step"] >= 0 and timing[v]["gc_full"] >= 0 for v in timing if isinstance(timing[v], dict))
     calls = results["calls"]["stack10"]
     assert calls["sentinel"] > calls["bare"] > 0
     launches = results["launches"]
@@ -35,4 +36,5 @@ def test_fixed_cost_benchmark_runs_and_writes_results(tmp_path: Path) -> None:
         assert every["per_step"] >= without["per_step"]  # the spike ring only adds
     md = (tmp_path / "fixed-cost-cpu.md").read_text()
     assert "empty hooks (floor)" in md and "### Targets (issue 22 item 7)" in md
+    assert "Python garbage collection in the timed steps" in md
     assert "CPU (attach default, check='auto')" in md and "accelerator (check='deferred'" in md
