@@ -142,3 +142,34 @@ def test_a_swapped_parameter_storage_is_measured_where_it_now_lives() -> None:
     values, _ = ring.read()
     exact = float((params[1].detach() - before).norm())
     assert values[1, 0, 1] == pytest.approx(exact, rel=0.05)
+
+
+@pytest.mark.parametrize("grouped", [True, False], ids=["cpu-grouped", "per-tensor"])
+@pytest.mark.parametrize("which", ["one", "all"], ids=["one-bias", "every-bias"])
+def test_a_parameter_reshaped_in_place_keeps_its_exact_update_norm(grouped: bool, which: str, monkeypatch) -> None:
+    """A bias given another shape of the same size through ``.data`` (same storage, same element
+    count: the per-step check looks at counts and addresses only) is still measured exactly;
+    the copy of the samples is made again where it no longer fits."""
+    from torch_sentinel._collect import norm_groups
+
+    if not grouped:
+        monkeypatch.setattr(norm_groups.batch, "FUSED_ON_CPU", True)  # the accelerator path, on CPU
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(10)])  # ten biases of 4: a stacked group on CPU
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    params = list(model.parameters())
+    ring = SpikeRing(torch.device("cpu"), [opt], params, steps=4)
+    assert all(p.grouping == grouped for p in ring.plans.values())
+    for step in range(3):
+        if step == 1:
+            for p in params[1::2] if which == "all" else [params[3]]:
+                p.data = p.data.view(1, 4)
+        opt.zero_grad()
+        model(torch.randn(2, 4)).pow(2).mean().backward()
+        before = [p.detach().clone() for p in params]
+        ring.before_update(opt, step)
+        opt.step()
+        ring.after_update(opt, step)
+        values, _ = ring.read()
+        exact = [float((p.detach() - b).norm()) for p, b in zip(params, before)]
+        np.testing.assert_allclose(values[step, 0], exact, rtol=1e-5)

@@ -118,6 +118,13 @@ class GroupedCopy:
         self._big = [tensors[i].detach().clone(memory_format=torch.contiguous_format) for i in plan.big]
         self._buffers = [torch.stack(rows(tensors)) for rows in self._rows]
 
+    def fits(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether each group's first member still has its buffer's row shape: one look a group
+        (a parameter reshaped through ``.data`` keeps its size and address). A group whose
+        members no longer share a shape makes the stack raise."""
+        return all(buffer.shape[1:] == tensors[members[0]].shape
+                   for members, buffer in zip(self.plan.groups, self._buffers))
+
     def copy(self, tensors: list[torch.Tensor]) -> None:
         """Copy ``tensors`` (the same shapes, in the same order, as at construction)."""
         for rows, buffer in zip(self._rows, self._buffers):

@@ -189,6 +189,28 @@ class _Plan:
         else:
             stacked_norms(tensors, 1 if ord == "sum" else ord, out=out)
 
+    def copy_samples(self, samples: list[torch.Tensor]) -> None:
+        """Copy the samples before the update, into the copy kept from the last step where it
+        still fits them; afresh where a parameter was reshaped in place (same size and address:
+        :meth:`samples` does not look for that) so that it no longer does."""
+        if self.grouping:
+            copy = self.grouped_shadow
+            if copy is not None and copy.fits(samples):
+                try:
+                    copy.copy(samples)
+                    return
+                except RuntimeError:  # members of a group that no longer share a shape
+                    pass
+            self.grouped_shadow = GroupedCopy(samples)
+            return
+        if self.shadow is not None:
+            try:
+                torch._foreach_copy_(self.shadow, samples)
+                return
+            except RuntimeError:
+                pass
+        self.shadow = [t.detach().clone(memory_format=torch.contiguous_format) for t in samples]
+
     def materialized(self) -> bool:
         if not self.ready:
             self.ready = all(materialized(p) for p in self.params)
@@ -274,17 +296,8 @@ class SpikeRing:
         plan = self.plans.get(id(optimizer))
         if plan is None or not plan.params or not plan.materialized():
             return
-        samples = plan.samples()
         with torch.no_grad():
-            if plan.grouping:
-                if plan.grouped_shadow is None:
-                    plan.grouped_shadow = GroupedCopy(samples)
-                else:
-                    plan.grouped_shadow.copy(samples)
-            elif plan.shadow is None:
-                plan.shadow = [t.detach().clone(memory_format=torch.contiguous_format) for t in samples]
-            else:
-                torch._foreach_copy_(plan.shadow, samples)
+            plan.copy_samples(plan.samples())
         plan.copied = step
 
     def after_update(self, optimizer: torch.optim.Optimizer, step: int) -> None:
@@ -294,9 +307,8 @@ class SpikeRing:
         first_two, update, weight, second_sum = self._rows[id(optimizer)][step % self.steps]
         weights = plan.params
         have_update = (plan.shadow is not None or plan.grouped_shadow is not None) and plan.copied == step
-        # The pre-step made the views (checking every parameter's shape and address: 0.3 ms a
-        # call on a 500-module stack); a storage swapped inside the optimizer's own step is
-        # seen at the next pre-step.
+        # The pre-step made the views (checking every parameter's size and address); a storage
+        # swapped inside the optimizer's own step is seen at the next pre-step.
         samples = plan.views if plan.copied == step else plan.samples()
         with torch.no_grad():
             if have_update and plan.grouped_shadow is not None:

@@ -63,7 +63,6 @@ from .base import Detector, Threshold
 __all__ = ["ExplodingGradientDetector", "LayerDepths", "VanishingGradientDetector"]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class LayerDepths(Fact):
     """Each layer's depth from the loss in the autograd graph (walked once, at the first
