@@ -159,8 +159,6 @@ class _Plan:
         #: The step whose samples ``shadow`` holds (-1: none): an update is measured only
         #: against the copy taken at the same step's pre-step.
         self.copied = -1
-        #: Each parameter's sample stride, chosen when its size or storage last changed.
-        self.strides: list[int] = []
         #: The parameters' element counts when the samples were made.
         self._numels: list[int] = []
         #: The samples (views of the parameters) and the parameters' addresses when they were made.
@@ -231,8 +229,7 @@ class _Plan:
         if numels == self._numels and addresses == self._addresses:
             return self._views
         self._numels, self._addresses = numels, addresses
-        self.strides = [sample_stride(p) for p in self.params]
-        views = _sampled(self.params, self.strides)
+        views = _sampled(self.params, [sample_stride(p) for p in self.params])
         if [v.shape for v in views] != [v.shape for v in self._views]:
             self.shadow = self.grouped_shadow = None  # the copy no longer fits the samples
             self.update_scale = _scales(self.params, views)
