@@ -10,7 +10,8 @@ device→host read on an accelerator: a TorchDispatchMode counts them. On CUDA, 
 
 :func:`count_launches` counts the ops that launch device work (on CPU too, where each one
 would be one or more kernel launches on a GPU): views, ``detach`` and allocations are left
-out, since they only touch metadata.
+out, since they only touch metadata; :class:`ViewCounter` counts those views (each one still a
+dispatcher call).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["HostSyncCounter", "LaunchCounter", "count_host_syncs", "count_launches", "cuda_sync_guard"]
+__all__ = ["HostSyncCounter", "LaunchCounter", "ViewCounter", "count_host_syncs", "count_launches",
+           "cuda_sync_guard"]
 
 _aten = torch.ops.aten
 
@@ -109,6 +111,14 @@ class LaunchCounter(_OpCounter):
 
     def counts(self, func: Any, args: tuple[Any, ...]) -> bool:
         return not func.is_view and func not in _NO_LAUNCH
+
+
+class ViewCounter(_OpCounter):
+    """Counts the view ops, by op name: what :class:`LaunchCounter` leaves out as metadata-only,
+    yet one dispatcher call each."""
+
+    def counts(self, func: Any, args: tuple[Any, ...]) -> bool:
+        return bool(func.is_view)
 
 
 @contextlib.contextmanager

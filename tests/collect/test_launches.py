@@ -14,7 +14,6 @@ launches to save and CPU ``_foreach`` kernels are slower than ``aminmax``.
 
 from __future__ import annotations
 
-import collections
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -22,9 +21,8 @@ from typing import Any, Callable
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from torch_sentinel.testing import count_launches
+from torch_sentinel.testing import ViewCounter, count_launches
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -129,28 +127,10 @@ def test_the_loss_spike_probe_adds_a_fixed_count_per_step(name: str) -> None:
 SPIKE_VIEWS = {"stack100": {}, "gpt2-4": {"select": 2 * 4 + 1, "transpose": 4}}
 
 
-class _ViewCounter(TorchDispatchMode):
-    """Counts the view ops dispatched inside the block, by op name (as ``LaunchCounter`` counts
-    the others)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    @property
-    def count(self) -> int:
-        return sum(self.ops.values())
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        if func.is_view:
-            self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _views_per_step(build: Build, disable: frozenset[str]) -> dict[str, float]:
     """Views the sentinel adds per step over the bare loop, on the CPU path, past step 120 (the
     ordinary steps of a long run)."""
-    r = added_launches(build, False, "auto", disable, warm=121, steps=5, counter=_ViewCounter, flush_every=1000)
+    r = added_launches(build, False, "auto", disable, warm=121, steps=5, counter=ViewCounter, flush_every=1000)
     return r["ops"]
 
 
