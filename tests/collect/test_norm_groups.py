@@ -67,3 +67,29 @@ def test_sums_of_non_negative_tensors_are_their_l1_norms() -> None:
     grouped_norms(plans, "k", tensors, dest, "sum")
     torch.testing.assert_close(dest, _per_tensor(tensors, 1.0), rtol=1e-6, atol=0.0)
     assert torch.equal(dest[:8], torch.stack([t.sum() for t in tensors[:8]]))  # a stacked group: its rows' sums
+
+
+def test_grouped_copy_hands_back_the_stacks_of_whole_groups_for_their_norms() -> None:
+    """The spike ring's post-step: the stack ``changed`` makes of a group of whole weights serves
+    their weight norms too, with the same figures, bit for bit, as stacking them again."""
+    tensors = _tensors()
+    whole = [i >= 8 for i in range(len(tensors))]  # the 64x64 group stands for samples: not whole
+    copy = GroupedCopy(tensors, whole)
+    copy.copy(tensors)
+    for t in tensors:
+        t.add_(0.5)
+    stacked = copy.changed(tensors, torch.empty(len(tensors)))
+    biases = tuple(range(8, 17))
+    assert list(stacked) == [biases]
+    assert torch.equal(stacked[biases], torch.stack(tensors[8:17]))
+
+    plans: dict = {}
+    shared, fresh = torch.empty(len(tensors)), torch.empty(len(tensors))
+    grouped_norms(plans, "k", tensors, shared, 2.0, stacked)
+    grouped_norms(plans, "k", tensors, fresh, 2.0)
+    assert torch.equal(shared, fresh) and torch.equal(shared, _per_tensor(tensors, 2.0))
+
+
+def test_a_grouped_copy_without_whole_flags_hands_back_nothing() -> None:
+    copy = GroupedCopy(_tensors())
+    assert copy.changed(_tensors(), torch.empty(22)) == {}

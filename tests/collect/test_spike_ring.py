@@ -1,5 +1,5 @@
 """The spike ring holds, per step and parameter, the update and weight norms and the sum of Adam's exp_avg_sq,
-row ``step % K`` (exact for parameters up to ``SAMPLE`` elements; larger ones have their update and exp_avg_sq
+row ``step % K`` (exact for parameters up to ``WHOLE`` elements; larger ones have their update and exp_avg_sq
 measured on a fixed sample, their weight norm whole); the units group parameters by module and param group."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from torch import nn
 from torch_sentinel._collect.spike_ring import (
     RING_STATS,
     SAMPLE,
+    WHOLE,
     SpikeRing,
     sample_stride,
     unit_layout,
@@ -111,7 +112,7 @@ def test_large_parameters_are_sampled_and_scaled_to_their_whole_size() -> None:
     np.testing.assert_allclose(row[1], weight, rtol=1e-5)  # every element, always
     np.testing.assert_allclose(row[0], update, rtol=0.05)  # a sample of at most SAMPLE elements
     np.testing.assert_allclose(row[2], second, rtol=0.1)
-    small = [i for i, p in enumerate(params) if p.numel() <= SAMPLE]
+    small = [i for i, p in enumerate(params) if p.numel() <= WHOLE]
     np.testing.assert_allclose(row[0][small], update[small], rtol=1e-5)  # small ones whole, exact
 
 
@@ -173,3 +174,51 @@ def test_a_parameter_reshaped_in_place_keeps_its_exact_update_norm(grouped: bool
         values, _ = ring.read()
         exact = [float((p.detach() - b).norm()) for p, b in zip(params, before)]
         np.testing.assert_allclose(values[step, 0], exact, rtol=1e-5)
+
+
+def test_parameters_up_to_whole_elements_are_measured_whole() -> None:
+    assert sample_stride(torch.empty(64, 64)) == 1  # WHOLE elements: every element
+    assert sample_stride(torch.empty(WHOLE + 1)) == 3  # the next size up: every third,
+    assert torch.empty(WHOLE + 1)[::3].numel() <= SAMPLE  # at most SAMPLE of them
+    assert sample_stride(torch.empty(64, 64).t()[:, :63]) == 1  # no flat view: whole
+
+
+def test_a_group_of_whole_weights_is_stacked_once_a_post_step_for_both_norms(monkeypatch) -> None:
+    """On CPU, twelve 16x16 weights (and their biases) are copied, subtracted and normed as the
+    rows of one stack; the post-step's stack of their current values serves the weight norms too:
+    one stack fewer a group, and the same exact figures."""
+    from torch_sentinel._collect import norm_groups
+    from torch_sentinel.testing import count_launches
+
+    def run() -> tuple[np.ndarray, list[list[float]], int]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(16, 16) for _ in range(12)])
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        params = list(model.parameters())
+        ring = SpikeRing(torch.device("cpu"), [opt], params, steps=4)
+        exact, stacks = [], 0
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 16)).pow(2).mean().backward()
+            before = [p.detach().clone() for p in params]
+            ring.before_update(opt, step)
+            opt.step()
+            with count_launches() as launches:
+                ring.after_update(opt, step)
+            stacks = launches.ops.get("stack", 0)
+            exact.append([float((p.detach() - b).norm()) for p, b in zip(params, before)])
+        return ring.read()[0], exact, stacks
+
+    values, exact, shared_stacks = run()
+    changed = norm_groups.GroupedCopy.changed
+
+    def changed_sharing_nothing(self: norm_groups.GroupedCopy, *args: object) -> norm_groups.Stacks:
+        changed(self, *args)  # type: ignore[arg-type]
+        return {}
+
+    monkeypatch.setattr(norm_groups.GroupedCopy, "changed", changed_sharing_nothing)
+    unshared, _, stacks = run()
+    assert shared_stacks == stacks - 2  # the weights' group and the biases'
+    assert np.array_equal(values[:3], unshared[:3], equal_nan=True)
+    for step in range(3):
+        np.testing.assert_allclose(values[step, 0], exact[step], rtol=1e-5)

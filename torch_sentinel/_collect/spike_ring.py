@@ -7,11 +7,12 @@ the host until a spike asks for the ring (:meth:`SpikeRing.read`, cold path).
 
 **One pass over the weights a step.** The weight norm reads every element: a flipped exponent
 bit in one element is what it must see. The update norm and the sum of ``exp_avg_sq`` are
-measured on a fixed systematic sample: every ``s``-th element of a parameter of more than
-:data:`SAMPLE` elements (``s`` odd, so a sample walks across the columns of a power-of-two
-row), scaled to the parameter's size at :meth:`SpikeRing.read`; smaller parameters are measured
-whole, exactly. An update norm from a sample needs a copy of the sample only (``P x SAMPLE``
-floats, whatever the model's size), where an exact one needed a copy of every weight and four
+measured on a fixed systematic sample: ``SAMPLE`` = 2,048 elements at most, every ``s``-th
+element of a parameter of more than :data:`WHOLE` = 4,096 elements (``s`` odd, so a sample walks
+across the columns of a power-of-two row), scaled to the parameter's size at
+:meth:`SpikeRing.read`; smaller parameters are measured whole, exactly. An update norm from a
+sample needs a copy of the sample only (``P x WHOLE`` floats at most, whatever the model's size),
+where an exact one needed a copy of every weight and four
 more passes over it; the forensics compare each figure with its own past, and the sample is the
 same elements every step. Per step: one ``_foreach_copy_`` at the pre-step, then one
 ``_foreach_sub_``, one ``_foreach_norm`` over update samples and weights together (stacked
@@ -20,7 +21,8 @@ its stack: a fixed count of launches whatever the number of modules. On CPU, whe
 ``_foreach`` op is a loop of one dispatch per tensor, tensors of one shape (biases, the samples
 of same-sized weights, weights up to 4,096 elements) are copied, subtracted and reduced as the
 rows of one stack instead (``norm_groups.py``; the ``exp_avg_sq`` rows are summed, which for
-non-negative values is their L1 norm); the figures are the same to the last bit or two.
+non-negative values is their L1 norm), and the post-step's stack of a group of whole weights
+serves their update and weight norms both; the figures are the same to the last bit or two.
 
 The samples are views, made again whenever a parameter's storage moved (checked at every
 pre-step by its address, and at a post-step without one): a wrapper that swaps a parameter's
@@ -47,29 +49,36 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .norm_groups import GroupedCopy, GroupPlan, Order, grouped_norms, groups_on
+from .norm_groups import GroupedCopy, GroupPlan, Order, Stacks, grouped_norms, groups_on
 from .spike_stats import stacked_norms
 from .tensors import materialized, reduces
 from .transfer import AsyncFetch
 
-__all__ = ["RING_STATS", "SAMPLE", "RingLayout", "SpikeRing", "sample_stride", "unit_layout"]
+__all__ = ["RING_STATS", "SAMPLE", "WHOLE", "RingLayout", "SpikeRing", "sample_stride", "unit_layout"]
 
-_NUMEL = operator.methodcaller("numel")
-_DATA_PTR = operator.methodcaller("data_ptr")
+_NUMEL = torch.Tensor.numel  # unbound: half the time of a methodcaller over 500 parameters
+_DATA_PTR = torch.Tensor.data_ptr
 
 #: The rows of each ring entry, in order.
 RING_STATS = ("update", "weight", "exp_avg_sq")
 
-#: Parameters of more than this many elements have their update and ``exp_avg_sq`` measured on
-#: a systematic sample of at most this many (see the module docstring).
+#: Parameters of more than :data:`WHOLE` elements have their update and ``exp_avg_sq`` measured
+#: on a systematic sample of at most this many (see the module docstring).
 SAMPLE = 2048
+#: Parameters up to this many elements are measured whole. A sample of one would take every
+#: third element or more: it reads every cache line of the tensor anyway, and on CPU a strided
+#: gather of it costs more than a copy of all of it (250 64x64 weights, cold cache: 550 us
+#: against 390). Whole, the weights of a stacked group are stacked once a post-step for their
+#: update and weight norms both (``norm_groups.GroupedCopy``). The limit is ``norm_groups``'
+#: largest stacked row, so the groups of weights and of their samples are the same.
+WHOLE = 4096
 
 
 def sample_stride(t: torch.Tensor) -> int:
-    """The stride of ``t``'s sample: 1 (the whole tensor) up to :data:`SAMPLE` elements or when
+    """The stride of ``t``'s sample: 1 (the whole tensor) up to :data:`WHOLE` elements or when
     ``t`` is not contiguous (no flat view of it), else an odd stride giving at most ``SAMPLE``."""
     n = t.numel()
-    if n <= SAMPLE or not t.is_contiguous():
+    if n <= WHOLE or not t.is_contiguous():
         return 1
     return -(-n // SAMPLE) | 1
 
@@ -180,10 +189,12 @@ class _Plan:
                          and all(p.dtype is torch.float32 for p in params))
         self._group_plans_cache: dict[Hashable, GroupPlan] = {}
 
-    def norms(self, key: str, tensors: list[torch.Tensor], ord: Order, out: torch.Tensor) -> None:
-        """``ord``-norms (or sums) of ``tensors`` into the ring row ``out`` (one value per column)."""
+    def norms(self, key: str, tensors: list[torch.Tensor], ord: Order, out: torch.Tensor,
+              stacked: Optional[Stacks] = None) -> None:
+        """``ord``-norms (or sums) of ``tensors`` into the ring row ``out`` (one value per column);
+        ``stacked``: groups of them already stacked (grouping only)."""
         if self.grouping:
-            grouped_norms(self._group_plans_cache, key, tensors, out, ord)
+            grouped_norms(self._group_plans_cache, key, tensors, out, ord, stacked)
         else:
             stacked_norms(tensors, 1 if ord == "sum" else ord, out=out)
 
@@ -199,7 +210,7 @@ class _Plan:
                     return
                 except RuntimeError:  # members of a group that no longer share a shape
                     pass
-            self.grouped_shadow = GroupedCopy(samples)
+            self.grouped_shadow = GroupedCopy(samples, [s is p for s, p in zip(samples, self.params)])
             return
         if self.shadow is not None:
             try:
@@ -309,8 +320,9 @@ class SpikeRing:
         samples = plan.views if plan.copied == step else plan.samples()
         with torch.no_grad():
             if have_update and plan.grouped_shadow is not None:
-                plan.grouped_shadow.changed(samples, update)  # ||W_before - W_after|| on the sample
-                plan.norms("weight", weights, 2, weight)
+                # ||W_before - W_after|| on the sample; the weights measured whole come back stacked
+                stacked = plan.grouped_shadow.changed(samples, update)
+                plan.norms("weight", weights, 2, weight, stacked)
             elif have_update:
                 assert plan.shadow is not None
                 torch._foreach_sub_(plan.shadow, samples)  # W_before - W_after on the sample
