@@ -56,3 +56,48 @@ def test_constant_features(constant: list[int]) -> None:
     assert len(hits) == (1 if constant else 0)
     if constant:
         assert hits[0].evidence["first_constant_features"] == constant
+
+
+class _MeanOfFeatures(nn.Module):
+    """Takes any number of input features: the input's width can change mid-run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.mean(1, keepdim=True))
+
+
+def test_a_mask_where_every_feature_varied_is_not_fetched_again_until_a_new_one(monkeypatch) -> None:
+    """The constant-feature mask only accumulates: once every feature has varied, the verdict is
+    final for it, and the mask is not copied to the host every window. Inputs of another width
+    make a new mask, which is checked again (and here holds a constant feature)."""
+    from torch_sentinel._collect.inputs import InputStats
+
+    snapshots: list[int] = []
+    snapshot = InputStats.snapshot
+
+    def counted(self: InputStats, min_steps: int):  # type: ignore[no-untyped-def]
+        snapshots.append(self.mask_generation)
+        return snapshot(self, min_steps)
+
+    monkeypatch.setattr(InputStats, "snapshot", counted)
+    torch.manual_seed(0)
+    model = _MeanOfFeatures()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with torch_sentinel.attach(model, opt, flush_every=2) as s:
+        for step in range(80):
+            x = torch.randn(16, 8 if step < 40 else 6)
+            if step >= 40:
+                x[:, 4] = 1.0
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            if step == 39:
+                first_mask = list(snapshots)
+        hits = s.report().by_kind("unnormalized_input")
+    # 20 windows on the first mask: its fetch and the verdict, not a copy every window
+    assert 1 <= first_mask.count(1) <= 2
+    assert 2 in snapshots
+    assert len(hits) == 1 and hits[0].evidence["first_constant_features"] == [4]

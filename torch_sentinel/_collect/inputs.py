@@ -48,6 +48,9 @@ class InputStats(Probe):
         self.every = every
         self.varied: Optional[torch.Tensor] = None
         self.mask_steps = 0
+        #: Counts the masks made (a new one when the feature count changes): a verdict on one
+        #: mask is final for that mask only.
+        self.mask_generation = 0
         self._slots = (0, 0)
         self._masked_step = -1
         self.tap: Optional[MaskTap] = None
@@ -91,6 +94,7 @@ class InputStats(Probe):
         if self.varied is None or self.varied.shape[0] != varied.shape[0]:
             self.varied = torch.zeros(varied.shape[0], dtype=torch.bool, device=varied.device)
             self.mask_steps = 0
+            self.mask_generation += 1
         torch.logical_or(self.varied, varied, out=self.varied)
         if self._masked_step != self.host.step:
             self._masked_step = self.host.step

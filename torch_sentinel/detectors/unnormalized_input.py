@@ -51,7 +51,7 @@ class UnnormalizedInputDetector(Detector):
         "min_steps": Threshold(3, "sampled steps (0-4, then every 10th), median"),
     }
     #: A device copy in flight.
-    live_attributes = frozenset({"_fetch"})
+    live_attributes = frozenset({"_fetch", "_all_varied", "_fetched_generation"})
 
     def __init__(self) -> None:
         self.stats = InputStats()
@@ -67,6 +67,10 @@ class UnnormalizedInputDetector(Detector):
         self._const_done = False
         self._fetch: Optional[tuple[int, int, AsyncFetch]] = None
         self._last_step = 0
+        #: The mask (its generation) in which every feature has varied: final while it lasts
+        #: (the mask only accumulates), so it is not fetched again every window.
+        self._all_varied: Optional[int] = None
+        self._fetched_generation = 0
 
     def probes(self) -> Sequence[Probe]:
         return (self.stats,)
@@ -122,10 +126,13 @@ class UnnormalizedInputDetector(Detector):
         if self._const_done:
             return []
         if self._fetch is None:
+            if self._all_varied == self.stats.mask_generation:
+                return []
             snap = self.stats.snapshot(self.min_steps)
             if snap is None:
                 return []
             self._fetch = (snap[0], self._last_step, snap[1])
+            self._fetched_generation = self.stats.mask_generation
         steps, at, fetch = self._fetch
         result = fetch.result(block=block)
         if result is None:
@@ -134,6 +141,7 @@ class UnnormalizedInputDetector(Detector):
         varied = result[0].astype(bool)
         const = np.flatnonzero(~varied)
         if const.size == 0:
+            self._all_varied = self._fetched_generation
             return []
         self._const_done = True
         return [self.finding(
