@@ -23,9 +23,9 @@ def test_fixed_cost_benchmark_runs_and_writes_results(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "fixed-cost-cpu.json").read_text())
     timing = results["timing"]["stack10"]
-    assert set(timing) >= {"bare", "empty_hooks", "sentinel", "sentinel_tb"}
+    assert set(timing) >= {"bare", "empty_hooks", "collection", "sentinel", "sentinel_tb"}
     assert timing["floor_hooks"] >= 3  # the output node's pre-hook and the optimizer's two
-    assert all(timing[v]["median_ms"] > 0 for v in ("bare", "empty_hooks", "sentinel", "sentinel_tb"))
+    assert all(timing[v]["median_ms"] > 0 for v in ("bare", "empty_hooks", "collection", "sentinel", "sentinel_tb"))
     assert all(timing[v]["gc_us_per_step"] >= 0 and timing[v]["gc_full"] >= 0 for v in timing if isinstance(timing[v], dict))
     calls = results["calls"]["stack10"]
     assert calls["sentinel"] > calls["bare"] > 0
