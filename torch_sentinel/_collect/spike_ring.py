@@ -42,7 +42,6 @@ The gradient norms are not in the ring: every step's row already carries them to
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Hashable, Sequence
 from typing import Optional
 
