@@ -51,7 +51,7 @@ class UnnormalizedInputDetector(Detector):
         "min_steps": Threshold(3, "sampled steps (0-4, then every 10th), median"),
     }
     #: A device copy in flight.
-    live_attributes = frozenset({"_fetch", "_all_varied", "_fetched_generation"})
+    live_attributes = frozenset({"_fetch", "_all_varied"})
 
     def __init__(self) -> None:
         self.stats = InputStats()
@@ -65,12 +65,12 @@ class UnnormalizedInputDetector(Detector):
         self._first_sampled: Optional[int] = None
         self._scale_done = False
         self._const_done = False
-        self._fetch: Optional[tuple[int, int, AsyncFetch]] = None
+        #: The mask copy in flight: (sampled steps, step, the mask's generation, the copy).
+        self._fetch: Optional[tuple[int, int, int, AsyncFetch]] = None
         self._last_step = 0
         #: The mask (its generation) in which every feature has varied: final while it lasts
         #: (the mask only accumulates), so it is not fetched again every window.
         self._all_varied: Optional[int] = None
-        self._fetched_generation = 0
 
     def probes(self) -> Sequence[Probe]:
         return (self.stats,)
@@ -131,9 +131,8 @@ class UnnormalizedInputDetector(Detector):
             snap = self.stats.snapshot(self.min_steps)
             if snap is None:
                 return []
-            self._fetch = (snap[0], self._last_step, snap[1])
-            self._fetched_generation = self.stats.mask_generation
-        steps, at, fetch = self._fetch
+            self._fetch = (snap[0], self._last_step, self.stats.mask_generation, snap[1])
+        steps, at, generation, fetch = self._fetch
         result = fetch.result(block=block)
         if result is None:
             return []
@@ -141,7 +140,7 @@ class UnnormalizedInputDetector(Detector):
         varied = result[0].astype(bool)
         const = np.flatnonzero(~varied)
         if const.size == 0:
-            self._all_varied = self._fetched_generation
+            self._all_varied = generation
             return []
         self._const_done = True
         return [self.finding(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Sequence
 from typing import Optional
 
@@ -20,7 +19,7 @@ __all__ = ["KEEP_UPDATE_COPY_BYTES", "UpdateNorms", "UpdateProbe"]
 #: Parameter copies for exact update norms are kept between sampled steps up to this size.
 KEEP_UPDATE_COPY_BYTES = 256 << 20
 
-_NUMEL = operator.methodcaller("numel")
+_NUMEL = torch.Tensor.numel  # unbound: half the time of a methodcaller (as spike_ring's)
 
 
 @dataclasses.dataclass(frozen=True)
