@@ -88,6 +88,16 @@ def _watch_memory(model: Net, seen: list[weakref.ref[np.ndarray]]) -> list[Any]:
     return [m.register_forward_hook(watched) for m in (model.lin1, model.tanh)]
 
 
+def _attached() -> tuple[Net, torch.optim.Optimizer, torch_sentinel.Sentinel, Any]:
+    """The test model and its optimizer, the sentinel attached in deferred mode, and its collector."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sentinel = torch_sentinel.attach(model, opt, check="deferred")
+    return model, opt, sentinel, _host(sentinel)
+
+
 @pytest.mark.parametrize("check", ["deferred", "immediate"])
 def test_a_forward_that_raises_leaves_no_evidence_and_no_activation(check: str) -> None:
     """Rule: a root forward that raises drops what it recorded for later (module maxima and
@@ -174,12 +184,7 @@ def test_a_retry_inside_the_except_block_keeps_its_evidence() -> None:
 def test_one_flush_for_both_batches_and_one_drop() -> None:
     """The collector's boundary reduces the pending maxima and fractions together; abandoning
     the row forgets both."""
-    model = _model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        sentinel = torch_sentinel.attach(model, opt, check="deferred")
-    c = _host(sentinel)
+    model, _, sentinel, c = _attached()
     try:
         stop: list[tuple[int, int]] = []
         # Inside the forward (the last module's hook): both batches hold this forward's outputs.
@@ -193,6 +198,51 @@ def test_one_flush_for_both_batches_and_one_drop() -> None:
         c.fraction_later(torch.ones(3), c.ledger.block("saturation").start, 0.0, 0.5)
         c.abandon_row()
         assert (len(c.boundaries.batch), len(c.boundaries.fractions)) == (0, 0)
+    finally:
+        sentinel.detach(quiet=True)
+
+
+class Held:
+    """A probe's own batch (``ProbeHost.flush_at_boundaries``): counts what the collector does with it."""
+
+    def __init__(self) -> None:
+        self.items: list[int] = []
+        self.flushed: list[int] = []
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def flush(self) -> None:
+        self.flushed.append(len(self.items))
+        self.items = []
+
+    def drop(self) -> None:
+        self.dropped += 1
+        self.items = []
+
+
+def test_a_probes_own_batch_is_flushed_and_dropped_with_the_collectors() -> None:
+    model, opt, sentinel, c = _attached()
+    held = Held()
+    c.flush_at_boundaries(held)
+    try:
+        handle = model.lin1.register_forward_hook(lambda m, a, o: held.items.append(1))
+        model(torch.randn(4, 8)).sum().backward()
+        assert held.flushed[:1] == [1] and len(held) == 0  # the end of the forward flushed it
+        opt.step()
+        assert sum(held.flushed) == 1  # flushed once per recorded item
+
+        model.gate.fail = True
+        with pytest.raises(ValueError, match="a bad batch"):
+            model(torch.randn(4, 8))
+        assert held.dropped >= 1 and len(held) == 0  # a forward that raised drops it
+        handle.remove()
+
+        held.items.append(1)
+        dropped = held.dropped
+        c.abandon_row()
+        assert held.dropped == dropped + 1 and len(held) == 0
     finally:
         sentinel.detach(quiet=True)
 

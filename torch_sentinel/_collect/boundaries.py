@@ -11,7 +11,7 @@ and its activations die with it.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -20,7 +20,19 @@ from .batch import BatchedFractions, BatchedMax, OnBad
 from .dtypes import DtypePolicy
 from .ledger import Ledger
 
-__all__ = ["Boundaries"]
+__all__ = ["Boundaries", "Pending"]
+
+
+class Pending(Protocol):
+    """A probe's own batch of recorded work, reduced at the collector's boundaries like the
+    collector's (``ProbeHost.flush_at_boundaries``): ``flush`` writes it into the row and must
+    raise nothing it means to report; ``drop`` forgets it, tensors and all."""
+
+    def __len__(self) -> int: ...
+
+    def flush(self) -> None: ...
+
+    def drop(self) -> None: ...
 
 
 class Boundaries:
@@ -44,6 +56,12 @@ class Boundaries:
         self.batch = BatchedMax(ledger, self.dtypes)
         #: Sampled outputs waiting for their saturation fractions, at the same boundaries.
         self.fractions = BatchedFractions(ledger)
+        #: Probes' own pending work (:meth:`hold`), flushed and dropped with the rest.
+        self._held: list[Pending] = []
+
+    def hold(self, pending: Pending) -> None:
+        """Flush ``pending`` at every boundary and drop it with the rest, from now on."""
+        self._held.append(pending)
 
     def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False, probe: str = "") -> None:
         """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device, now.
@@ -82,10 +100,12 @@ class Boundaries:
     def flush(self) -> None:
         """Reduce the pending tensors now (a boundary). A failure that is not a SentinelError
         is a sentinel bug: one warning, the pending tensors are dropped, training goes on."""
-        if not (len(self.batch) or len(self.fractions)):
+        if not (len(self.batch) or len(self.fractions) or any(map(len, self._held))):
             return
         try:
-            self.fractions.flush()  # first: it checks nothing, so it cannot raise a fault
+            for pending in self._held:  # first, with the fractions: they check nothing, so raise no fault
+                pending.flush()
+            self.fractions.flush()
             self.batch.flush(self._written())
         except SentinelError:
             self.drop()
@@ -99,3 +119,5 @@ class Boundaries:
         raised, detach): the activations they are go with them."""
         self.batch.drop()
         self.fractions.drop()
+        for pending in self._held:
+            pending.drop()

@@ -1,11 +1,10 @@
 """The driver: routes hook events to the probes, and sealed steps to the host.
 
 The collector owns the step in progress (:class:`~.open_step.OpenStep`, replaced whole when the
-step closes), the probe table, the ledger row and the queue of closed rows. Where events come
-from is the job of three event sources, one per part of a training step (``events_forward.py``,
-``events_backward.py``, ``events_optimizer.py``); what is recorded belongs to the probes
-(``probe.py`` declares the protocol, ``probes/`` holds the built-in ones); when recorded tensors
-are reduced is ``boundaries.py``'s.
+step closes), the probe table, the ledger row and the queue of closed rows. Events come from
+three sources, one per part of a training step (``events_forward.py``, ``events_backward.py``,
+``events_optimizer.py``); what is recorded belongs to the probes (``probe.py`` declares the
+protocol, ``probes/`` holds the built-in ones); when it is reduced, to ``boundaries.py``.
 
 Hot-path rules, enforced by the sync-audit tests:
 - a hook only launches tensor ops whose results stay on the device (``aminmax`` into slots,
@@ -28,7 +27,7 @@ from .._record import Fact, FactSources, StepMeta, StepRecord
 from .._record.fault import Fault
 from .amp import AmpTracker
 from .batch import OnBad
-from .boundaries import Boundaries
+from .boundaries import Boundaries, Pending
 from .cleared import ClearedGrads
 from .closures import ClosureSteps
 from .copies import leave_hooks_out_of_copies
@@ -379,6 +378,9 @@ class Collector:
 
     def reduce_into(self, t: torch.Tensor, lo: int, hi: int, compiling: bool = False, probe: str = "") -> None:
         self.boundaries.reduce_into(t, lo, hi, compiling, probe)
+
+    def flush_at_boundaries(self, pending: Pending) -> None:
+        self.boundaries.hold(pending)
 
     def reduce_later(self, t: torch.Tensor, lo: int, hi: int, probe: str, on_bad: Optional[OnBad] = None) -> None:
         self.boundaries.reduce_later(t, lo, hi, probe, on_bad)

@@ -18,7 +18,9 @@ Lifecycle of a probe, in order:
    ``host.reduce_later`` / ``host.fraction_later`` or launch device ops into your slots, never
    read a device value; see the sync-audit rules in ``collector.py``). Recorded tensors are the
    collector's to reduce at its boundaries and to drop when the step is abandoned or the
-   forward raises: a probe keeps no boundary logic of its own:
+   forward raises: a probe keeps no boundary logic of its own (a probe that batches work of
+   its own kind hands the batch to ``host.flush_at_boundaries`` in ``setup``, and the
+   collector flushes and drops it at the same points):
 
    ==========================  ===========================================================
    ``on_root_inputs``           the attached model's forward is called (raw args, kwargs)
@@ -60,6 +62,7 @@ from .._record import Fact, FactSources
 if TYPE_CHECKING:
     from .._record import StepMeta, StepRecord
     from .._record.fault import Fault
+    from .boundaries import Pending
     from .hookset import HookSet
     from .ledger import Ledger
     from .model_map import ModelMap
@@ -167,6 +170,12 @@ class ProbeHost(Protocol):
         """Fold ``t``'s min and max into the slot pair ``(lo, hi)``, on the device, in the
         row's dtype (float64 once a float64 tensor came by); a dtype torch cannot reduce is
         skipped with one warning naming ``probe``."""
+        ...
+
+    def flush_at_boundaries(self, pending: Pending) -> None:
+        """Have ``pending`` (a probe's own batch of recorded work) flushed at each boundary
+        where :meth:`reduce_later`'s tensors are reduced, and dropped where they are (eager
+        steps; a probe reduces on the spot while compiling)."""
         ...
 
     def reduce_later(self, t: torch.Tensor, lo: int, hi: int, probe: str,

@@ -8,13 +8,15 @@ launch tensor ops: no ``.item()``, no ``if`` on a tensor.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from collections.abc import Sequence
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ATTENTION_POSITIONS", "max_attention_logit", "mean_logsumexp", "mha_max_logit", "stacked_norms"]
+__all__ = ["ATTENTION_POSITIONS", "max_attention_logit", "max_attention_logits", "mean_logsumexp", "mha_max_logit",
+           "stacked_norms"]
 
 #: A 0-d zero per (device, dtype): ``baddbmm``'s ignored input (beta=0), so the scores cost one
 #: launch and no allocation op.
@@ -53,6 +55,20 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
     return zero
 
 
+def _query_key(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first sequence's queries and keys as ``(H, L', E)`` and ``(H, S', E)``, the queries
+    of a key head's group stacked along ``L'`` (grouped-query attention)."""
+    q0, k0 = _first_sequence(q), _first_sequence(k)
+    hq, hk = q0.shape[0], k0.shape[0]
+    if hq != hk and hk and hq % hk == 0:  # grouped-query attention: the queries of a group share a key head
+        q0 = q0.reshape(hk, -1, q0.shape[-1])
+    return q0, k0
+
+
+def _softmax_scale(q0: torch.Tensor, scale: Optional[float]) -> float:
+    return (1.0 / math.sqrt(q0.shape[-1])) if scale is None else float(scale)
+
+
 def max_attention_logit(q: torch.Tensor, k: torch.Tensor, scale: Optional[float] = None,
                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The largest scaled ``q . k`` of the first sequence: the logit the softmax sees, masks not
@@ -65,15 +81,39 @@ def max_attention_logit(q: torch.Tensor, k: torch.Tensor, scale: Optional[float]
         scale: the softmax scale; ``1/sqrt(E)`` when None, as SDPA's default.
         out: a 0-d tensor of the scores' dtype to write the result into (one launch less).
     """
-    q0, k0 = _first_sequence(q), _first_sequence(k)
-    hq, hk = q0.shape[0], k0.shape[0]
-    if hq != hk and hk and hq % hk == 0:  # grouped-query attention: the queries of a group share a key head
-        q0 = q0.reshape(hk, -1, q0.shape[-1])
-    s = (1.0 / math.sqrt(q0.shape[-1])) if scale is None else float(scale)
-    scores = torch.baddbmm(_zero(q0), q0, k0.transpose(-1, -2), beta=0.0, alpha=s)
+    q0, k0 = _query_key(q, k)
+    scores = torch.baddbmm(_zero(q0), q0, k0.transpose(-1, -2), beta=0.0, alpha=_softmax_scale(q0, scale))
     if out is not None and out.dtype == scores.dtype:
         return torch.amax(scores, dim=(0, 1, 2), out=out)
     return scores.amax()
+
+
+def max_attention_logits(calls: Sequence[tuple[torch.Tensor, torch.Tensor, Optional[float]]]) -> list[tuple[list[int], torch.Tensor]]:
+    """:func:`max_attention_logit` of each ``(q, k, scale)`` call, batched: calls whose first
+    sequences share a shape, dtype, device and scale are stacked into one product and one max
+    (two stacks, a ``baddbmm`` and an ``amax`` for the group, where one by one each call costs
+    its own product and max). Returns ``(indices into calls, their maxima)`` per group, the
+    maxima a vector in the scores' dtype. The same values as one by one: each score is the same
+    dot product, and a max does not depend on the order it is taken in."""
+    groups: dict[tuple[Any, ...], tuple[list[int], list[torch.Tensor], list[torch.Tensor], float]] = {}
+    for i, (q, k, scale) in enumerate(calls):
+        q0, k0 = _query_key(q, k)
+        s = _softmax_scale(q0, scale)
+        key = (q0.shape, k0.shape, q0.dtype, k0.dtype, q0.device, s)
+        members, qs, ks, _ = groups.setdefault(key, ([], [], [], s))
+        members.append(i)
+        qs.append(q0)
+        ks.append(k0)
+    out = []
+    for members, qs, ks, s in groups.values():
+        if len(members) == 1:
+            q0, k0 = qs[0], ks[0]
+        else:
+            q0 = torch.stack(qs).flatten(0, 1)  # (G * H, L', E)
+            k0 = torch.stack(ks).flatten(0, 1)
+        scores = torch.baddbmm(_zero(q0), q0, k0.transpose(-1, -2), beta=0.0, alpha=s)
+        out.append((members, scores.view(len(members), -1).amax(dim=1)))
+    return out
 
 
 def mha_max_logit(module: nn.MultiheadAttention, query: torch.Tensor, key: torch.Tensor,
@@ -104,11 +144,20 @@ def mha_max_logit(module: nn.MultiheadAttention, query: torch.Tensor, key: torch
 def mean_logsumexp(logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The mean log-sum-exp over the vocabulary (last dim) of the first sequence's positions:
     the softmax normaliser ``log Z`` that a z-loss keeps near 0. ``out``: a float32 0-d tensor
-    to write it into."""
+    to write it into.
+
+    Taken as ``max(x) - max(log_softmax(x))`` per position (``log_softmax(x) = x - log Z``):
+    ``log_softmax`` is one fused kernel on CPU, the one the loop's cross-entropy runs next, where
+    ``logsumexp`` is six (max, subtract, exp, sum, log, add), each costing more than its work in
+    a hook that runs after the model's own kernels (on the benchmark GPT, about 130 against 160
+    us a step). Exact to float32 rounding of ``log Z - max(x)``, which lies in ``[0, log V]``; a row's
+    ``-inf`` logits (a masked vocabulary) do not reach either max.
+    """
     x = _detached(logits)
     while x.dim() > 2:
         x = x[0]
-    lse = torch.logsumexp(x if x.dtype is torch.float32 else x.float(), dim=-1)
+    x = x if x.dtype is torch.float32 else x.float()
+    lse = torch.amax(x, dim=-1) - torch.amax(torch.log_softmax(x, dim=-1), dim=-1)
     if out is not None and out.dtype is torch.float32:
         return torch.mean(lse, dim=tuple(range(lse.dim())), out=out)
     return lse.mean()

@@ -121,6 +121,7 @@ class SpikeProbe(Probe):
             block = ledger.add_block(SPIKE_ATTN, [n for n, _ in attention], -FLOAT_MAX)
             self._attention = AttentionLogits(attention, ledger, block.start)
             self._attention.install(host.hooks)
+            host.flush_at_boundaries(self._attention)
         if self.vocab:
             self._lse = ledger.add_block(SPIKE_OUT, ["lse"], -FLOAT_MAX).start
         self._ids = ledger.add_block(SPIKE_INPUT, ["ids_max"], -FLOAT_MAX).start
