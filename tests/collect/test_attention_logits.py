@@ -153,3 +153,43 @@ def test_calls_inside_torch_func_transforms_are_skipped_quietly(caplog: pytest.L
     said = [str(w.message) for w in caught if "torch_sentinel" in str(w.message)] + caplog.messages
     assert not [m for m in said if "fail" in m], said
     assert slots == pytest.approx(expected, rel=1e-6)
+
+
+class Checkpointed(Net):
+    """``Net`` with each attention module under non-reentrant activation checkpointing: a block's
+    q and k die with the block unless something holds them."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in (self.a0, self.a1, self.a2):
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return self.out(x)
+
+
+@pytest.mark.parametrize("limit", ["default", "tiny"], ids=["held-until-the-boundary", "over-the-hold-limit"])
+def test_calls_are_held_only_up_to_the_hold_limit(limit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded call keeps its q and k (and the storage they view) alive until the end of the
+    forward; past ``HOLD_BYTES`` of them a call is reduced on the spot instead, so that what
+    checkpointing frees stays freed. The logits are the same either way."""
+    from torch_sentinel._collect import attention_logits
+
+    if limit == "tiny":
+        monkeypatch.setattr(attention_logits, "HOLD_BYTES", 1024)  # this model's qkv: 2 x 6 x 48 floats
+    torch.manual_seed(0)
+    model = Checkpointed()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    alive_at_the_end: list[bool] = []
+    model.out.register_forward_hook(lambda m, a, o: alive_at_the_end.append(
+        model.a0.last_q is not None and model.a0.last_q() is not None))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sentinel = torch_sentinel.attach(model, opt, check="deferred")
+    try:
+        opt.zero_grad()
+        model(torch.randn(2, 6, 16)).pow(2).mean().backward()
+        expected = {name: _expected(getattr(model, name)) for name in ("a0", "a1", "a2")}
+        opt.step()
+        got = _slots(sentinel, 0)
+    finally:
+        sentinel.detach(quiet=True)
+    assert alive_at_the_end[0] == (limit == "default")  # the first block's q, inside the forward
+    assert got == pytest.approx(expected, rel=1e-6)

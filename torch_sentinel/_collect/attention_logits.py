@@ -16,7 +16,12 @@ forward. Two ways in, both without touching the user's code:
   reduced together (``spike_stats.max_attention_logits``: one product and one max for the
   attention modules of one shape). One at a time, between the model's own kernels, which have
   just evicted the code and data the dispatcher walks, each call's product and max cost 60-70
-  us on the benchmark GPT, against about 12 alone.
+  us on the benchmark GPT, against about 12 alone. A recorded call keeps its q and k (and the
+  storage they view) alive until the boundary, which under activation checkpointing would
+  otherwise be freed with the block: so a call is held only while what the pending calls keep
+  stays under :data:`HOLD_BYTES`, and reduced on the spot beyond it. The saving matters where
+  a step is short (small models, where the limit is never reached); a large model's calls are
+  reduced as they come, as before.
 - ``nn.MultiheadAttention``: its forward pre-hook recomputes the first sequence's q and k from
   the input and its ``in_proj`` weights (it does not call SDPA when ``need_weights=True``, the
   default); the SDPA calls it makes itself are then skipped.
@@ -45,7 +50,11 @@ from .patches import patch_for
 from .spike_stats import max_attention_logit, max_attention_logits, mha_max_logit
 from .unwatched import functorch_active
 
-__all__ = ["AttentionLogits", "attention_modules"]
+__all__ = ["HOLD_BYTES", "AttentionLogits", "attention_modules"]
+
+#: The most bytes of storage the recorded SDPA calls of one forward may keep alive until the
+#: boundary (their q and k views keep the whole tensors they view; see the module docstring).
+HOLD_BYTES = 8 << 20
 
 
 def _is_attention(module: nn.Module) -> bool:
@@ -65,6 +74,18 @@ def attention_modules(modules: Sequence[tuple[str, nn.Module]]) -> list[tuple[st
         return any(other != name and other.startswith(prefix) for other in names)
 
     return [(n, m) for n, m in found if isinstance(m, nn.MultiheadAttention) or not has_inner(n)]
+
+
+def _storage_bytes(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Bytes of the storages ``q`` and ``k`` view (once when they share one, as a fused qkv
+    projection's outputs do); a tensor without a plain storage counts as too large to hold."""
+    try:
+        sq, sk = q.untyped_storage(), k.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return HOLD_BYTES + 1
+    if sq.data_ptr() == sk.data_ptr():
+        return int(sq.nbytes())
+    return int(sq.nbytes()) + int(sk.nbytes())
 
 
 def _in_transform() -> bool:
@@ -103,6 +124,8 @@ class AttentionLogits:
         self._mha = [isinstance(m, nn.MultiheadAttention) for _, m in self.modules]
         #: Per module, its latest SDPA call of the forward in progress: ``(q, k, scale)``.
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor, Optional[float]]] = {}
+        #: Bytes of storage the pending calls keep alive (a storage counted once per call).
+        self._held = 0
         self._index = SlotIndex()
 
     def install(self, hooks: Any) -> None:
@@ -137,7 +160,15 @@ class AttentionLogits:
         scale = kwargs.get("scale")
         if is_compiling():
             self._write(i, lambda out: max_attention_logit(q, k, scale, out=out))
-        elif not functorch_active():  # see _in_transform
+            return
+        if functorch_active():  # see _in_transform
+            return
+        held = self._held + _storage_bytes(q, k)
+        if held > HOLD_BYTES:
+            self._pending.pop(i, None)
+            self._write(i, lambda out: max_attention_logit(q, k, scale, out=out))
+        else:
+            self._held = held
             self._pending[i] = (q, k, scale)
 
     def __len__(self) -> int:
@@ -147,7 +178,7 @@ class AttentionLogits:
         """Reduce the recorded calls into their slots (a boundary)."""
         if not self._pending:
             return
-        pending, self._pending = self._pending, {}
+        pending, self._pending, self._held = self._pending, {}, 0
         slots = list(pending)
         row = self.ledger.current
         with torch.no_grad():
@@ -162,7 +193,7 @@ class AttentionLogits:
     def drop(self) -> None:
         """Forget the recorded calls (an abandoned row, a forward that raised, detach): their
         queries and keys go with them."""
-        self._pending = {}
+        self._pending, self._held = {}, 0
 
     def _write(self, i: int, compute: Any) -> None:
         view = self.ledger.views[self.start + i]
