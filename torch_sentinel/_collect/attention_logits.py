@@ -158,18 +158,16 @@ class AttentionLogits:
         if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or not q.is_floating_point():
             return
         scale = kwargs.get("scale")
-        if is_compiling():
-            self._write(i, lambda out: max_attention_logit(q, k, scale, out=out))
-            return
-        if functorch_active():  # see _in_transform
-            return
-        held = self._held + _storage_bytes(q, k)
-        if held > HOLD_BYTES:
-            self._pending.pop(i, None)
-            self._write(i, lambda out: max_attention_logit(q, k, scale, out=out))
-        else:
-            self._held = held
-            self._pending[i] = (q, k, scale)
+        if not is_compiling():  # traced calls are reduced on the spot
+            if functorch_active():  # see _in_transform
+                return
+            held = self._held + _storage_bytes(q, k)
+            if held <= HOLD_BYTES:
+                self._held = held
+                self._pending[i] = (q, k, scale)
+                return
+            self._pending.pop(i, None)  # past the hold limit: on the spot, and the later call wins
+        self._write(i, lambda out: max_attention_logit(q, k, scale, out=out))
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -184,11 +182,7 @@ class AttentionLogits:
         with torch.no_grad():
             for members, maxima in max_attention_logits([pending[i] for i in slots]):
                 where = [self.start + slots[m] for m in members]
-                values = maxima if maxima.dtype is row.dtype else maxima.to(row.dtype)
-                if len(where) == 1:
-                    self.ledger.views[where[0]].copy_(values[0])
-                else:
-                    row.index_copy_(0, self._index(where, row.device), values)
+                row.index_copy_(0, self._index(where, row.device), maxima.to(row.dtype))
 
     def drop(self) -> None:
         """Forget the recorded calls (an abandoned row, a forward that raised, detach): their

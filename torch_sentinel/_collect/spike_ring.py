@@ -15,9 +15,9 @@ the sample spans 87% or more of a parameter of 16k elements, a prefix of a third
 one below 10k); scaled to the parameter's size at :meth:`SpikeRing.read`. Smaller parameters are
 measured whole, exactly. Blocks, not single elements: 2,048 single elements read 2,048 cache
 lines (half of a 64k-element weight), the blocks 128; and every sample has one shape, so on CPU
-the samples of all large parameters are copied, subtracted and reduced as the rows of one stack.
-On the benchmark GPT the three passes over the samples cost about 0.4 ms a step less than
-single-element samples of varying length. An update norm from a sample needs a copy of the
+the samples of all large parameters are copied, subtracted and reduced as the rows of one stack
+(on the benchmark GPT, in one in-process comparison, 0.45 ms a step less than single-element
+samples of varying length, where the harness's own floor is 0.3 ms). An update norm from a sample needs a copy of the
 sample only (``P x WHOLE`` floats at most, whatever the model's size), where an exact one
 needed a copy of every weight and four more passes over it; the forensics compare each figure
 with its own past, and the sample is the same elements every step.
@@ -27,9 +27,10 @@ Per step: one ``_foreach_copy_`` at the pre-step, then one ``_foreach_sub_``, on
 ``_foreach_norm`` of order 1 over the ``exp_avg_sq`` samples and its stack: a fixed count of
 launches whatever the number of modules. On CPU, where a ``_foreach`` op is a loop of one
 dispatch per tensor, tensors of one shape (biases, the samples, weights up to 4,096 elements)
-are copied, subtracted and reduced as the rows of one stack instead (``norm_groups.py``; the ``exp_avg_sq`` rows are summed, which for
-non-negative values is their L1 norm), and the post-step's stack of a group of whole weights
-serves their update and weight norms both; the figures are the same to the last bit or two.
+are copied, subtracted and reduced as the rows of one stack instead (``norm_groups.py``; the
+``exp_avg_sq`` rows are summed, which for non-negative values is their L1 norm), and the
+post-step's stack of a group of whole weights serves their update and weight norms both; the
+figures are the same to the last bit or two.
 
 The samples are views, made again whenever a parameter's storage moved (checked at every
 pre-step by its address, and at a post-step without one): a wrapper that swaps a parameter's

@@ -95,17 +95,18 @@ def max_attention_logits(calls: Sequence[tuple[torch.Tensor, torch.Tensor, Optio
     its own product and max). Returns ``(indices into calls, their maxima)`` per group, the
     maxima a vector in the scores' dtype. The same values as one by one: each score is the same
     dot product, and a max does not depend on the order it is taken in."""
-    groups: dict[tuple[Any, ...], tuple[list[int], list[torch.Tensor], list[torch.Tensor], float]] = {}
+    #: (shapes, dtypes, device, scale) -> (indices into calls, their q0s, their k0s)
+    groups: dict[tuple[Any, ...], tuple[list[int], list[torch.Tensor], list[torch.Tensor]]] = {}
     for i, (q, k, scale) in enumerate(calls):
         q0, k0 = _query_key(q, k)
-        s = _softmax_scale(q0, scale)
-        key = (q0.shape, k0.shape, q0.dtype, k0.dtype, q0.device, s)
-        members, qs, ks, _ = groups.setdefault(key, ([], [], [], s))
+        key = (q0.shape, k0.shape, q0.dtype, k0.dtype, q0.device, _softmax_scale(q0, scale))
+        members, qs, ks = groups.setdefault(key, ([], [], []))
         members.append(i)
         qs.append(q0)
         ks.append(k0)
     out = []
-    for members, qs, ks, s in groups.values():
+    for key, (members, qs, ks) in groups.items():
+        s = key[-1]
         if len(members) == 1:
             q0, k0 = qs[0], ks[0]
         else:
@@ -150,8 +151,8 @@ def mean_logsumexp(logits: torch.Tensor, out: Optional[torch.Tensor] = None) -> 
     ``log_softmax`` is one fused kernel on CPU, the one the loop's cross-entropy runs next, where
     ``logsumexp`` is six (max, subtract, exp, sum, log, add), each costing more than its work in
     a hook that runs after the model's own kernels (on the benchmark GPT, about 130 against 160
-    us a step). Exact to float32 rounding of ``log Z - max(x)``, which lies in ``[0, log V]``; a row's
-    ``-inf`` logits (a masked vocabulary) do not reach either max.
+    us a step). Exact to float32 rounding of ``log Z - max(x)``, which lies in ``[0, log V]``; a
+    row's ``-inf`` logits (a masked vocabulary) do not reach either max.
     """
     x = _detached(logits)
     while x.dim() > 2:
