@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,9 @@ class Attention(nn.Module):
         self.proj = nn.Linear(d, d)
         #: Injection knob: the queries and keys move along ``direction`` by this much (0 when healthy).
         self.qk_drift = 0.0
+        #: The attention function; None: ``F.scaled_dot_product_attention`` as it is at the call
+        #: (the overhead benchmark hands its baseline copies the function from before any attach).
+        self.sdpa: Optional[Callable[..., torch.Tensor]] = None
         g = torch.Generator().manual_seed(heads * 1000 + d)
         direction = torch.randn(heads, 1, d // heads, generator=g)
         self.register_buffer("direction", direction / direction.norm(dim=-1, keepdim=True), persistent=False)
@@ -62,7 +65,7 @@ class Attention(nn.Module):
         if self.qk_drift:
             q = q + self.qk_drift * self.direction
             k = k + self.qk_drift * self.direction
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = (self.sdpa or F.scaled_dot_product_attention)(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
