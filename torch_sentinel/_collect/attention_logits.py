@@ -158,9 +158,9 @@ class AttentionLogits:
         if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor) or not q.is_floating_point():
             return
         scale = kwargs.get("scale")
+        if _in_transform():
+            return
         if not is_compiling():  # traced calls are reduced on the spot
-            if functorch_active():  # see _in_transform
-                return
             held = self._held + _storage_bytes(q, k)
             if held <= HOLD_BYTES:
                 self._held = held

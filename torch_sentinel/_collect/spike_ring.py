@@ -17,10 +17,10 @@ measured whole, exactly. Blocks, not single elements: 2,048 single elements read
 lines (half of a 64k-element weight), the blocks 128; and every sample has one shape, so on CPU
 the samples of all large parameters are copied, subtracted and reduced as the rows of one stack
 (on the benchmark GPT, in one in-process comparison, 0.45 ms a step less than single-element
-samples of varying length, where the harness's own floor is 0.3 ms). An update norm from a sample needs a copy of the
-sample only (``P x WHOLE`` floats at most, whatever the model's size), where an exact one
-needed a copy of every weight and four more passes over it; the forensics compare each figure
-with its own past, and the sample is the same elements every step.
+samples of varying length, where the harness's own floor is 0.3 ms). An update norm from a
+sample needs a copy of the sample only (``P x WHOLE`` floats at most, whatever the model's
+size), where an exact one needed a copy of every weight and four more passes over it; the
+forensics compare each figure with its own past, and the sample is the same elements every step.
 
 Per step: one ``_foreach_copy_`` at the pre-step, then one ``_foreach_sub_``, one
 ``_foreach_norm`` over update samples and weights together (stacked straight into the row), one
