@@ -2,7 +2,10 @@
 
 The forensics' constants were tuned on the ``tune`` split only; the ``heldout`` split (other
 seeds, and a base model pretrained from another seed) was run once, at the end, for the
-published figures. Each split resumes its own base checkpoint (3,000 steps of pretraining,
+published figures. The ``fresh`` split (other seeds again, its own base model) was written on
+2026-12-03, before trying the logit figures on alternate steps, and first run with that change
+(``results/spikes-fresh-first-run.md``: the figure for code the change was not shaped on; the
+change was not kept). Each split resumes its own base checkpoint (3,000 steps of pretraining,
 loss about 1.3 nats per byte), so every module carries learned function when a cause hits it.
 """
 
@@ -21,6 +24,7 @@ PRETRAIN_STEPS = 3000
 SPLITS = {
     "tune": (100, range(0, 4), [(0, 1000, 0.95), (1, 1000, 0.95), (2, 1000, 0.999)]),
     "heldout": (200, range(100, 110), [(100 + i, 1250, 0.95 if i < 2 else 0.999) for i in range(4)]),
+    "fresh": (300, range(200, 206), [(200, 1250, 0.95), (201, 1250, 0.999)]),
 }
 #: The learning rate of a run at each beta2 (the adam_second_moment runs' setting).
 LR = {0.95: 1e-3, 0.999: 2e-3

@@ -3,6 +3,7 @@ replayed on the same loss traces.
 
     python -m benchmarks.spikes.run --split heldout     # the published figures
     python -m benchmarks.spikes.run --split tune        # the split the forensics were tuned on
+    python -m benchmarks.spikes.run --split fresh       # cases written for a later change
 
 Each run of the split (``plan.py``) trains with ``torch_sentinel.attach`` on the model; its loss
 trace and ``loss_spike`` findings are kept (``cache/<split>-sentinel.pkl``), and the table is
@@ -202,7 +203,7 @@ def table(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--split", default="heldout", choices=["tune", "heldout"])
+    parser.add_argument("--split", default="heldout", choices=["tune", "heldout", "fresh"])
     parser.add_argument("--refresh", action="store_true", help="run again instead of reading the cache")
     args = parser.parse_args()
     rows = run_split(args.split, args.refresh)

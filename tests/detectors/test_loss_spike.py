@@ -236,7 +236,41 @@ def test_under_torch_compile(trained: dict[str, Any]) -> None:
     assert breaks == {}
     f = report.by_kind("loss_spike")[0]
     assert (f.evidence["cause"], f.module) == ("attention_logits", "blocks.0.attn"), str(f)
-    assert math.isfinite(f.evidence["series"]["blocks.0.attn"]["attention_logit"][0])
+    assert all(math.isfinite(v) for v in f.evidence["series"]["blocks.0.attn"]["attention_logit"])
+
+
+def _forward_figures(model: torch.nn.Module, opt: torch.optim.Optimizer, forward: Any, steps: int) -> list[Any]:
+    from torch_sentinel._collect.probes.spikes import SpikeForward
+
+    g = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sentinel = torch_sentinel.attach(model, opt, check="deferred")
+        for _ in range(steps):
+            x, y = copy_batch(g)
+            opt.zero_grad()
+            lm_loss(forward(x), y).backward()
+            opt.step()
+        sentinel.flush()
+        figures = [r.fact(SpikeForward) for r in sentinel.recent_records()[-steps:]]
+        sentinel.detach()
+    return figures
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_every_step_has_its_forward_figures(trained: dict[str, Any], compiled: bool) -> None:
+    """The attention logits, the output log-sum-exp and the token id on every step: taken on
+    alternate steps, the logits cost the forensics first movers on the benchmark (their fast
+    climbs cross the bar between two taken steps; docs/spikes.md, cost)."""
+    torch._dynamo.reset()
+    try:
+        model, opt = resume(trained)
+        forward = torch.compile(model, backend="aot_eager") if compiled else model
+        figures = _forward_figures(model, opt, forward, 4)
+    finally:
+        torch._dynamo.reset()
+    assert all(math.isfinite(f.attention[0]) and math.isfinite(f.output_lse) and math.isfinite(f.ids_max)
+               for f in figures)
 
 
 @pytest.mark.inductor

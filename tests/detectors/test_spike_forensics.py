@@ -129,6 +129,41 @@ def test_a_drifting_output_log_sum_exp(rng: np.random.Generator) -> None:
     assert abs(v.lead_steps - 4) <= 2
 
 
+def _every_other_step(w: SpikeWindow, stat: str, unit: int, measured: int) -> None:
+    """Blank the series at the window's steps of the other parity: the probe takes the
+    attention logits on even steps and the log-sum-exp on odd ones."""
+    w.stats[stat][(w.steps % 2) != measured, unit] = np.nan
+
+
+@pytest.mark.parametrize("start", [SPIKE - 6, SPIKE - 5], ids=["starts-measured", "starts-between"])
+@pytest.mark.parametrize("stat,unit,cause,mover,measured", [
+    ("attention_logit", 1, "attention_logits", "blocks.0.attn", 0),
+    ("output_lse", 4, "output_logits", "head", 1),
+], ids=["attention-even-steps", "output-odd-steps"])
+def test_logits_taken_on_alternate_steps_are_found_at_the_first_measured_step_of_their_climb(
+        rng: np.random.Generator, start: int, stat: str, unit: int, cause: str, mover: str, measured: int) -> None:
+    w = window(rng)
+    level = w.stats[stat][0, unit]
+    w.stats[stat][start:, unit] = level + 1.5 * level * (1.3 ** np.arange(1, T - start + 1) - 1)
+    _every_other_step(w, stat, unit, measured)
+    v = attribute(w)
+    assert (v.cause, v.first_mover) == (cause, mover)
+    onset = SPIKE - v.lead_steps
+    assert onset >= start and onset - start <= 1, "not the first measured step of the climb"
+    assert np.isfinite(w.stats[stat][onset, unit])
+    assert "nan" not in v.why, v.why  # the value before is the last one measured
+
+
+def test_an_unmeasured_step_inside_a_climb_does_not_make_it_a_blip(rng: np.random.Generator) -> None:
+    """Regression: a nan between the onset and the spike (a step with no update measured) read
+    as the series coming back, and the departure was dropped."""
+    w = window(rng)
+    w.stats["update"][SPIKE - 3 :, 3] *= 50
+    w.stats["update"][SPIKE - 1, 3] = np.nan
+    v = attribute(w)
+    assert (v.cause, v.first_mover, v.lead_steps) == ("learning_rate", "blocks.1.mlp", 3)
+
+
 def test_a_quiet_window_names_no_cause(rng: np.random.Generator) -> None:
     v = attribute(window(rng))
     assert v.cause == "unknown" and v.first_mover is None

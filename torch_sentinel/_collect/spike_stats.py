@@ -91,7 +91,7 @@ def max_attention_logit(q: torch.Tensor, k: torch.Tensor, scale: Optional[float]
 def max_attention_logits(calls: Sequence[tuple[torch.Tensor, torch.Tensor, Optional[float]]]) -> list[tuple[list[int], torch.Tensor]]:
     """:func:`max_attention_logit` of each ``(q, k, scale)`` call, batched: calls whose first
     sequences share a shape, dtype, device and scale are stacked into one product and one max
-    (two stacks, a ``baddbmm`` and an ``amax`` for the group, where one by one each call costs
+    (two ``cat``s, a ``baddbmm`` and an ``amax`` for the group, where one by one each call costs
     its own product and max). Returns ``(indices into calls, their maxima)`` per group, the
     maxima a vector in the scores' dtype. The same values as one by one: each score is the same
     dot product, and a max does not depend on the order it is taken in."""
@@ -110,8 +110,8 @@ def max_attention_logits(calls: Sequence[tuple[torch.Tensor, torch.Tensor, Optio
         if len(members) == 1:
             q0, k0 = qs[0], ks[0]
         else:
-            q0 = torch.stack(qs).flatten(0, 1)  # (G * H, L', E)
-            k0 = torch.stack(ks).flatten(0, 1)
+            q0 = torch.cat(qs)  # (G * H, L', E): a cat, where a stack takes a flatten more
+            k0 = torch.cat(ks)
         scores = torch.baddbmm(_zero(q0), q0, k0.transpose(-1, -2), beta=0.0, alpha=s)
         out.append((members, scores.view(len(members), -1).amax(dim=1)))
     return out

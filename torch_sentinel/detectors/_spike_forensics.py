@@ -130,13 +130,20 @@ def _inputs_outside(window: SpikeWindow) -> Optional[bool]:
 
 def _logit_cause(window: SpikeWindow, first: Mover) -> tuple[str, dict[str, object], str]:
     y = window.series(first.stat, first.index)
-    before, at = float(y[max(first.onset - 1, 0)]), float(y[window.spike_index])
+    before, at = _measured_before(y, first.onset), _measured_before(y, window.spike_index + 1)
     when = f"from {first.lead_steps} step(s) before the spike" if first.lead_steps else "up to the spike step"
     if first.stat == "attention_logit":
         return "attention_logits", {"logit_before": before, "logit_at_spike": at}, (
             f"its largest attention logit grew from {before:.3g} to {at:.3g} {when}")
     return "output_logits", {"lse_before": before, "lse_at_spike": at}, (
         f"the log-sum-exp of the output logits drifted from {before:.3g} to {at:.3g} {when}")
+
+
+def _measured_before(y: np.ndarray, t: int) -> float:
+    """The last measured (finite) value of ``y`` before index ``t`` (the logits are taken on
+    alternate steps), else the value at ``t``."""
+    known = np.flatnonzero(np.isfinite(y[:t]))
+    return float(y[known[-1]]) if len(known) else float(y[min(t, len(y) - 1)])
 
 
 def _cause_of(window: SpikeWindow, first: Mover, ranked: list[Mover]) -> tuple[str, dict[str, object], str]:

@@ -9,7 +9,7 @@ it. The onset is walked back over a climb: the steps just before that were ``RIS
 deviations up and rising, when there are ``CLIMB`` or more of them (one for logits, whose fast
 climbs cross the bar late: ``RISING_LOGIT``); one such step before a jump is noise. A departure
 before the spike step counts only if the series stayed that far up until the spike: one that
-came back was a blip, not what led to it.
+came back was a blip, not what led to it. Steps a series did not measure (nan) are passed over.
 
 A unit's lead is the spike step minus its earliest onset. Units are ranked by onset, then, within
 a step, in the order a step computes (the forward's logits, the gradients, the update), then by
@@ -136,7 +136,9 @@ def per_unit(values: np.ndarray, unit_of: Sequence[int], units: int, how: str = 
 
 def departure(y: np.ndarray, stat: str, base: slice, last: int) -> Optional[tuple[int, float]]:
     """``(onset index, peak deviation)`` of the first departure of ``y`` above its baseline up to
-    index ``last``, or None."""
+    index ``last``, or None. Steps where ``y`` is nan (not measured: the logits are taken on
+    alternate steps, a skipped step has no gradient) are passed over: the walk-back and the
+    stayed-up check go from one measured step to the next, so an onset is a measured step."""
     b = y[base]
     b = b[np.isfinite(b)]
     if len(b) < 2:
@@ -147,19 +149,21 @@ def departure(y: np.ndarray, stat: str, base: slice, last: int) -> Optional[tupl
     z = (y - med) / max(spread, floor)
     if stat == "output_lse":
         z = np.abs(z)  # the normaliser drifts either way
-    start = base.stop
-    hit = next((t for t in range(start, last + 1) if np.isfinite(z[t]) and z[t] >= DEPART), None)
-    if hit is None:
+    seen = np.flatnonzero(np.isfinite(z[: last + 1]))
+    seen = seen[seen >= base.stop]
+    above = np.flatnonzero(z[seen] >= DEPART)
+    if not len(above):
         return None
+    hit = int(above[0])  # positions in ``seen``
     onset = hit
     rising = RISING_LOGIT if stat in LOGITS else RISING
-    while onset - 1 >= start and np.isfinite(z[onset - 1]) and z[onset - 1] >= rising and y[onset - 1] < y[onset]:
+    while onset >= 1 and z[seen[onset - 1]] >= rising and y[seen[onset - 1]] < y[seen[onset]]:
         onset -= 1
     if hit - onset < (1 if stat in LOGITS else CLIMB):
         onset = hit  # one step above the bar before a jump is noise, not a climb
-    if onset < last and not bool(np.all(z[onset : last + 1] >= rising)):
+    if not bool(np.all(z[seen[onset:]] >= rising)):
         return None  # it came back before the spike: a blip, not what led to it
-    return onset, float(np.nanmax(z[onset : last + 1]))
+    return int(seen[onset]), float(np.nanmax(z[seen[onset] : last + 1]))
 
 
 def transform(x: np.ndarray, stat: str) -> np.ndarray:
