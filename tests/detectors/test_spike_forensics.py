@@ -130,8 +130,8 @@ def test_a_drifting_output_log_sum_exp(rng: np.random.Generator) -> None:
 
 
 def _every_other_step(w: SpikeWindow, stat: str, unit: int, measured: int) -> None:
-    """Blank the series at the window's steps of the other parity: the probe takes the
-    attention logits on even steps and the log-sum-exp on odd ones."""
+    """Blank the series at the window's steps of the other parity: a series with a gap at every
+    other step (the logits as they were when taken on alternate steps, docs/spikes.md, cost)."""
     w.stats[stat][(w.steps % 2) != measured, unit] = np.nan
 
 
@@ -140,7 +140,7 @@ def _every_other_step(w: SpikeWindow, stat: str, unit: int, measured: int) -> No
     ("attention_logit", 1, "attention_logits", "blocks.0.attn", 0),
     ("output_lse", 4, "output_logits", "head", 1),
 ], ids=["attention-even-steps", "output-odd-steps"])
-def test_logits_taken_on_alternate_steps_are_found_at_the_first_measured_step_of_their_climb(
+def test_a_logit_series_with_gaps_is_found_at_the_first_measured_step_of_its_climb(
         rng: np.random.Generator, start: int, stat: str, unit: int, cause: str, mover: str, measured: int) -> None:
     w = window(rng)
     level = w.stats[stat][0, unit]

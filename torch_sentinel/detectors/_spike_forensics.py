@@ -140,8 +140,8 @@ def _logit_cause(window: SpikeWindow, first: Mover) -> tuple[str, dict[str, obje
 
 
 def _measured_before(y: np.ndarray, t: int) -> float:
-    """The last measured (finite) value of ``y`` before index ``t`` (the logits are taken on
-    alternate steps), else the value at ``t``."""
+    """The last measured (finite) value of ``y`` before index ``t`` (a step may have measured
+    nothing: see ``_spike_movers.departure``), else the value at ``t``."""
     known = np.flatnonzero(np.isfinite(y[:t]))
     return float(y[known[-1]]) if len(known) else float(y[min(t, len(y) - 1)])
 

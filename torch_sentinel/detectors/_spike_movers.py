@@ -136,9 +136,10 @@ def per_unit(values: np.ndarray, unit_of: Sequence[int], units: int, how: str = 
 
 def departure(y: np.ndarray, stat: str, base: slice, last: int) -> Optional[tuple[int, float]]:
     """``(onset index, peak deviation)`` of the first departure of ``y`` above its baseline up to
-    index ``last``, or None. Steps where ``y`` is nan (not measured: the logits are taken on
-    alternate steps, a skipped step has no gradient) are passed over: the walk-back and the
-    stayed-up check go from one measured step to the next, so an onset is a measured step."""
+    index ``last``, or None. Steps where ``y`` is nan (not measured: an optimizer step without a
+    copy of the weights before it has no update norm, a forward that skipped the module no
+    logit) are passed over: the walk-back and the stayed-up check go from one measured step to
+    the next, so an onset is a measured step."""
     b = y[base]
     b = b[np.isfinite(b)]
     if len(b) < 2:
