@@ -151,20 +151,20 @@ def departure(y: np.ndarray, stat: str, base: slice, last: int) -> Optional[tupl
     if stat == "output_lse":
         z = np.abs(z)  # the normaliser drifts either way
     seen = np.flatnonzero(np.isfinite(z[: last + 1]))
-    seen = seen[seen >= base.stop]
-    above = np.flatnonzero(z[seen] >= DEPART)
+    seen = seen[seen >= base.stop]  # the measured steps after the baseline; positions below index them
+    zs, ys = z[seen], y[seen]
+    above = np.flatnonzero(zs >= DEPART)
     if not len(above):
         return None
-    hit = int(above[0])  # positions in ``seen``
-    onset = hit
+    hit = onset = int(above[0])
     rising = RISING_LOGIT if stat in LOGITS else RISING
-    while onset >= 1 and z[seen[onset - 1]] >= rising and y[seen[onset - 1]] < y[seen[onset]]:
+    while onset >= 1 and zs[onset - 1] >= rising and ys[onset - 1] < ys[onset]:
         onset -= 1
     if hit - onset < (1 if stat in LOGITS else CLIMB):
         onset = hit  # one step above the bar before a jump is noise, not a climb
-    if not bool(np.all(z[seen[onset:]] >= rising)):
+    if not bool(np.all(zs[onset:] >= rising)):
         return None  # it came back before the spike: a blip, not what led to it
-    return int(seen[onset]), float(np.nanmax(z[seen[onset] : last + 1]))
+    return int(seen[onset]), float(np.nanmax(z[seen[onset] : last + 1]))  # an infinite figure counts
 
 
 def transform(x: np.ndarray, stat: str) -> np.ndarray:
